@@ -1,0 +1,3 @@
+"""gpushare-webhook: admission webhook and policy enforcement for GPU sharing on Kubernetes."""
+
+__version__ = "0.1.0"

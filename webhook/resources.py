@@ -1,0 +1,260 @@
+"""GPU requests of a pod spec: which containers ask for what, parsed and unit-checked.
+
+Quantities are parsed with the Kubernetes client's quantity parser; on top of it the
+unit contract of each resource is enforced (MiB and GiB are plain integers, percents
+are 1..100), because ``gpumem: 3Gi`` parses fine and means something absurd.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any, Final, Literal
+
+from kubernetes.utils.quantity import parse_quantity
+
+from webhook.policy import Policy
+
+ContainerKind = Literal["containers", "initContainers", "ephemeralContainers"]
+CONTAINER_KINDS: Final[tuple[ContainerKind, ...]] = (
+    "containers",
+    "initContainers",
+    "ephemeralContainers",
+)
+_KIND_LABEL: Final = {
+    "containers": "container",
+    "initContainers": "init container",
+    "ephemeralContainers": "ephemeral container",
+}
+
+# The Kubernetes quantity grammar; Decimal alone would also take "NaN", "1_000" or " 3".
+_QUANTITY: Final = re.compile(
+    r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?P<suffix>[eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$"
+)
+MAX_MIB: Final = 1 << 20  # 1 TiB of device memory: anything above is bytes written as MiB
+MAX_GIB: Final = 1 << 10
+MAX_COUNT: Final = 64
+
+
+def describe(kind: ContainerKind, name: str) -> str:
+    return f'{_KIND_LABEL[kind]} "{name}"'
+
+
+@dataclass(slots=True)
+class Finding:
+    """A finding about a request, before the policy turns it into a violation."""
+
+    rule: str
+    message: str
+
+
+@dataclass(slots=True)
+class ContainerRequest:
+    kind: ContainerKind
+    index: int
+    name: str
+    gpus: int = 0
+    memory_mib: int | None = None
+    memory_percentage: int | None = None
+    cores: int | None = None
+    priority: int | None = None
+    mig: dict[str, int] = field(default_factory=dict)
+    # Resource name to add to limits when only memory/cores were given (HAMi does too).
+    implied_count_resource: str | None = None
+    sharing_resources: list[str] = field(default_factory=list)
+    problems: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return describe(self.kind, self.name)
+
+    @property
+    def shares(self) -> bool:
+        """Asks for a slice (or a whole vGPU) rather than a MIG instance."""
+        return bool(self.sharing_resources)
+
+
+@dataclass(slots=True)
+class PodRequests:
+    containers: list[ContainerRequest]
+
+    @property
+    def gpu(self) -> bool:
+        return bool(self.containers)
+
+    @property
+    def sharing(self) -> bool:
+        return any(c.shares for c in self.containers)
+
+    @property
+    def mig(self) -> bool:
+        return any(c.mig for c in self.containers)
+
+
+def _integer(
+    raw: Any, *, resource: str, label: str, unit: Literal["count", "MiB", "GiB", "percent"]
+) -> tuple[int | None, Finding | None]:
+    """Parse one quantity to an int under the unit contract of ``resource``."""
+    text = str(raw).strip() if isinstance(raw, int | float | str) else None
+    match = _QUANTITY.match(text) if text is not None and not isinstance(raw, bool) else None
+    if text is None or match is None:
+        return None, Finding(
+            "invalid-gpu-request",
+            f'{label}: {resource} "{raw}" is not a quantity; write a plain integer',
+        )
+    value: Decimal = parse_quantity(text)
+    suffix = match.group("suffix") or ""
+    if suffix and suffix[0] not in "eE" and unit in ("MiB", "GiB"):
+        scale = 1 << 20 if unit == "MiB" else 1 << 30
+        hint = f'; write "{int(value / scale)}"' if value >= scale else ""
+        return None, Finding(
+            "invalid-gpu-request",
+            f'{label}: {resource} "{text}" must be {unit} as a plain integer{hint}',
+        )
+    if suffix and suffix[0] not in "eE":
+        return None, Finding(
+            "invalid-gpu-request",
+            f'{label}: {resource} "{text}" must be a plain integer ({unit}), without a suffix',
+        )
+    if value != value.to_integral_value():
+        return None, Finding(
+            "invalid-gpu-request", f'{label}: {resource} "{text}" must be a whole number'
+        )
+    number = int(value)
+    low, high = {
+        "count": (1, MAX_COUNT),
+        "MiB": (1, MAX_MIB),
+        "GiB": (1, MAX_GIB),
+        "percent": (1, 100),
+    }[unit]
+    if not low <= number <= high:
+        hint = " (bytes written as MiB?)" if unit == "MiB" and number > high else ""
+        return None, Finding(
+            "invalid-gpu-request",
+            f'{label}: {resource} "{text}" must be {low}..{high} {unit}{hint}',
+        )
+    return number, None
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def read_container(
+    container: Mapping[str, Any], *, kind: ContainerKind, index: int, policy: Policy
+) -> ContainerRequest | None:
+    """The GPU request of one container, or None when it asks for no GPU resource."""
+    resources = _mapping(container.get("resources"))
+    limits = _mapping(resources.get("limits"))
+    requests = _mapping(resources.get("requests"))
+    is_gpu = policy.is_gpu_resource
+    names = [n for n in limits if isinstance(n, str) and is_gpu(n)]
+    names += [n for n in requests if isinstance(n, str) and is_gpu(n) and n not in limits]
+    if not names:
+        return None
+    name = container.get("name")
+    request = ContainerRequest(kind=kind, index=index, name=name if isinstance(name, str) else "")
+    label = request.label
+    memory_names: list[str] = []
+    for resource in names:
+        if resource not in limits:
+            request.problems.append(
+                Finding(
+                    "invalid-gpu-request",
+                    f"{label}: {resource} is in requests but not limits; set it in limits",
+                )
+            )
+            raw = requests[resource]
+        else:
+            raw = limits[resource]
+            if resource in requests and str(requests[resource]) != str(raw):
+                request.problems.append(
+                    Finding(
+                        "invalid-gpu-request",
+                        f'{label}: {resource} request "{requests[resource]}" differs from '
+                        f'limit "{raw}"; make them equal',
+                    )
+                )
+        if resource.startswith(policy.mig_prefixes):
+            count, problem = _integer(raw, resource=resource, label=label, unit="count")
+            if problem:
+                request.problems.append(problem)
+            request.mig[resource] = count or 1
+            continue
+        request.sharing_resources.append(resource)
+        if resource in policy.count_resources:
+            count, problem = _integer(raw, resource=resource, label=label, unit="count")
+            request.gpus = count or 1
+        elif resource in policy.memory_mib_resources:
+            memory_names.append(resource)
+            value, problem = _integer(raw, resource=resource, label=label, unit="MiB")
+            if value is not None:
+                request.memory_mib = value
+        elif resource in policy.memory_gib_resources:
+            memory_names.append(resource)
+            value, problem = _integer(raw, resource=resource, label=label, unit="GiB")
+            if value is not None:
+                request.memory_mib = value * 1024
+        elif resource in policy.memory_percentage_resources:
+            value, problem = _integer(raw, resource=resource, label=label, unit="percent")
+            request.memory_percentage = value
+        elif resource in policy.cores_resources:
+            value, problem = _integer(raw, resource=resource, label=label, unit="percent")
+            request.cores = value
+        else:  # priority
+            text = str(raw).strip()
+            problem = None
+            if text.lstrip("-").isdigit():
+                request.priority = int(text)
+            else:
+                problem = Finding(
+                    "invalid-gpu-request",
+                    f'{label}: {resource} "{raw}" must be an integer priority',
+                )
+        if problem:
+            request.problems.append(problem)
+    if len(memory_names) > 1:
+        request.problems.append(
+            Finding(
+                "invalid-gpu-request",
+                f"{label}: asks for memory twice ({', '.join(sorted(memory_names))}); keep one",
+            )
+        )
+    if request.memory_mib is not None and request.memory_percentage is not None:
+        request.memory_percentage = None
+        request.notes.append(f"{label}: memory in MiB and percent both set; MiB wins")
+    if request.sharing_resources and request.gpus == 0:
+        request.gpus = 1
+        request.implied_count_resource = _implied_count_resource(
+            request.sharing_resources, policy
+        )
+    return request
+
+
+def _implied_count_resource(names: list[str], policy: Policy) -> str | None:
+    """The count resource of the same vendor domain as the slice resources, if the policy has one."""
+    for resource in names:
+        domain = resource.split("/", 1)[0] + "/"
+        for count in sorted(policy.count_resources):
+            if count.startswith(domain):
+                return count
+    return None
+
+
+def read_pod(spec: Mapping[str, Any], policy: Policy) -> PodRequests:
+    """GPU requests of every container, init container and ephemeral container of a pod spec."""
+    found: list[ContainerRequest] = []
+    for kind in CONTAINER_KINDS:
+        containers = spec.get(kind)
+        if not isinstance(containers, list):
+            continue
+        for index, container in enumerate(containers):
+            if not isinstance(container, Mapping):
+                continue
+            request = read_container(container, kind=kind, index=index, policy=policy)
+            if request is not None:
+                found.append(request)
+    return PodRequests(containers=found)

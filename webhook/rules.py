@@ -1,0 +1,332 @@
+"""The rules: pure checks of a pod view that return findings tagged with a fixed rule id."""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Final, Literal
+
+from webhook.mutation import (
+    MPS_LIMIT_VARS,
+    VGPU_LIMIT_PREFIXES,
+    injected_volumes,
+)
+from webhook.policy import Mode, Policy
+from webhook.resources import CONTAINER_KINDS, ContainerRequest, Finding, PodRequests, describe
+from webhook.workload import PodView
+
+Phase = Literal["mutate", "validate"]
+
+_HARMLESS_VISIBLE_DEVICES: Final = frozenset({"void", "none", ""})
+_TRUTHY: Final = frozenset({"1", "true", "yes", "on", "y", "t"})
+# Mounting any of these from the host hands out GPUs behind the scheduler's back.
+_DEVICE_PREFIXES: Final = ("/dev/nvidia", "/run/nvidia", "/var/run/nvidia")
+# Mounting a parent directory exposes the device nodes as well.
+_DEVICE_PARENTS: Final = frozenset({"/", "/dev", "/run", "/var/run", "/var"})
+
+
+@dataclass(frozen=True, slots=True)
+class Subject:
+    """What the rules look at: the pod view, its requests and mode, and the request facts."""
+
+    view: PodView
+    requests: PodRequests
+    mode: Mode
+    operation: str
+    phase: Phase
+
+    @property
+    def created(self) -> bool:
+        """A new pod, or a template (whose pods will all be created)."""
+        return self.view.template or self.operation == "CREATE"
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def iter_containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """(label, container) for every container, init container and ephemeral container."""
+    for kind in CONTAINER_KINDS:
+        containers = spec.get(kind)
+        if not isinstance(containers, list):
+            continue
+        for container in containers:
+            if isinstance(container, Mapping):
+                name = container.get("name")
+                yield describe(kind, name if isinstance(name, str) else ""), container
+
+
+def effective_env(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
+    """Env entries by name; the last entry of a name wins, as in the kubelet."""
+    env = container.get("env")
+    if not isinstance(env, list):
+        return {}
+    return {
+        entry["name"]: entry
+        for entry in env
+        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str)
+    }
+
+
+def _value(entry: Mapping[str, Any]) -> str | None:
+    if "valueFrom" in entry:
+        return None
+    value = entry.get("value", "")
+    return value if isinstance(value, str) else str(value)
+
+
+def privileged_gpu(subject: Subject) -> Iterator[Finding]:
+    if not subject.requests.gpu:
+        return
+    for label, container in iter_containers(subject.view.spec):
+        if _mapping(container.get("securityContext")).get("privileged") is True:
+            yield Finding(
+                "privileged-gpu",
+                f"{label}: privileged in a GPU pod sees every GPU; remove securityContext.privileged",
+            )
+
+
+def node_name_pinning(subject: Subject) -> Iterator[Finding]:
+    if not subject.requests.gpu or not subject.created:
+        return
+    node = subject.view.spec.get("nodeName")
+    if node:
+        yield Finding(
+            "node-name-pinning",
+            f'spec.nodeName "{node}" skips GPU scheduling; use nodeSelector or affinity instead',
+        )
+
+
+def raw_visible_devices(subject: Subject) -> Iterator[Finding]:
+    for label, container in iter_containers(subject.view.spec):
+        env = container.get("env")
+        if not isinstance(env, list):
+            continue
+        # Every entry counts, not only the last: runtimes differ on which duplicate wins.
+        for item in env:
+            if not isinstance(item, Mapping) or item.get("name") != "NVIDIA_VISIBLE_DEVICES":
+                continue
+            value = _value(item)
+            if value is None:
+                yield Finding(
+                    "raw-visible-devices",
+                    f"{label}: NVIDIA_VISIBLE_DEVICES from valueFrom; request GPUs in resources.limits",
+                )
+            elif value.strip().lower() not in _HARMLESS_VISIBLE_DEVICES:
+                yield Finding(
+                    "raw-visible-devices",
+                    f'{label}: NVIDIA_VISIBLE_DEVICES="{value[:24]}"; remove it, request GPUs in limits',
+                )
+
+
+def _protected(path: str, policy: Policy) -> bool:
+    path = posixpath.normpath(path) if path else "/"
+    path = "/" + path.lstrip("/")
+    if path in _DEVICE_PARENTS or path.startswith(_DEVICE_PREFIXES):
+        return True
+    roots = (
+        posixpath.dirname(policy.library_host_path),
+        policy.lock_host_path.rstrip("/") or "/",
+        policy.mps_pipe_directory.rstrip("/") or "/",
+    )
+    for root in roots:
+        if path == root or path.startswith(root + "/") or root.startswith(path + "/"):
+            return True
+    return False
+
+
+def host_device_access(subject: Subject, policy: Policy) -> Iterator[Finding]:
+    spec = subject.view.spec
+    volumes = spec.get("volumes")
+    if isinstance(volumes, list):
+        allowed = injected_volumes(subject.mode, policy) if subject.requests.sharing else []
+        for volume in volumes:
+            if not isinstance(volume, Mapping):
+                continue
+            host = volume.get("hostPath")
+            if not isinstance(host, Mapping):
+                continue
+            path = host.get("path")
+            if not isinstance(path, str) or not _protected(path, policy):
+                continue
+            if any(dict(volume) == a for a in allowed):
+                continue
+            yield Finding(
+                "host-device-access",
+                f'volume "{volume.get("name")}": hostPath {path} exposes GPUs or their limits; request GPUs in limits',
+            )
+    annotations = _mapping(_mapping(subject.view.metadata).get("annotations"))
+    for key, value in annotations.items():
+        if isinstance(key, str) and key.startswith("cdi.k8s.io/") and "nvidia.com/" in str(value):
+            yield Finding(
+                "host-device-access",
+                f"annotation {key} injects NVIDIA devices through CDI; request GPUs in limits",
+            )
+
+
+def _memory_mib(text: str) -> float | None:
+    """A HAMi-core memory limit value in MiB: suffix g/m/k, no suffix means bytes."""
+    text = text.strip().lower()
+    scale = {"g": 1024.0, "m": 1.0, "k": 1 / 1024}.get(text[-1:] if text else "", None)
+    number = text[:-1] if scale is not None else text
+    try:
+        value = float(number)
+    except ValueError:
+        return None
+    return value * scale if scale is not None else value / (1 << 20)
+
+
+def _exceeds(name: str, value: str | None, request: ContainerRequest, mode: Mode) -> str | None:
+    """Why a limit variable's value exceeds what the request entitles, or None."""
+    if value is None:
+        return "set through valueFrom"
+    if mode == "vgpu" and name.startswith("CUDA_DEVICE_MEMORY_LIMIT"):
+        if request.memory_mib is None:
+            return None if request.memory_percentage is not None else "no memory was requested"
+        mib = _memory_mib(value)
+        if mib is None or mib <= 0 or mib > request.memory_mib:
+            return f"above the {request.memory_mib} MiB requested"
+    elif mode == "vgpu" and name.startswith("CUDA_DEVICE_SM_LIMIT") and request.cores is not None:
+        if not value.isdigit() or not 0 < int(value) <= request.cores:
+            return f"above the {request.cores}% cores requested"
+    elif mode == "mps" and name == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" and request.memory_mib:
+        for part in value.split(","):
+            _, _, amount = part.partition("=")
+            mib = _memory_mib(amount)
+            if mib is None or mib <= 0 or mib > request.memory_mib:
+                return f"above the {request.memory_mib} MiB requested"
+    elif mode == "mps" and name == "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" and request.cores:
+        if not value.isdigit() or not 0 < int(value) <= request.cores:
+            return f"above the {request.cores}% cores requested"
+    return None
+
+
+def limit_tampering(subject: Subject, policy: Policy) -> Iterator[Finding]:
+    if not subject.requests.gpu:
+        return
+    for label, container in iter_containers(subject.view.spec):
+        env = effective_env(container)
+        disable = env.get("CUDA_DISABLE_CONTROL")
+        if disable is not None:
+            value = _value(disable)
+            if value is None or value.strip().lower() in _TRUTHY:
+                yield Finding(
+                    "limit-tampering",
+                    f"{label}: CUDA_DISABLE_CONTROL switches GPU limits off; remove it",
+                )
+        policy_entry = env.get("GPU_CORE_UTILIZATION_POLICY")
+        if policy_entry is not None and not policy.allow_disable_core_utilization_policy:
+            value = _value(policy_entry)
+            if value is None or value.strip().lower() == "disable":
+                yield Finding(
+                    "limit-tampering",
+                    f'{label}: GPU_CORE_UTILIZATION_POLICY="{value}" loosens limits; use default or force',
+                )
+    if subject.phase != "validate" or not subject.created:
+        return
+    # What the mutation would overwrite is a warning at /mutate; reaching validation
+    # with limits above the request means something else set them.
+    for request in subject.requests.containers:
+        if not request.shares or subject.mode not in ("vgpu", "mps"):
+            continue
+        container = subject.view.spec[request.kind][request.index]
+        for name, entry in effective_env(container).items():
+            managed = (
+                name.startswith(VGPU_LIMIT_PREFIXES)
+                if subject.mode == "vgpu"
+                else name in MPS_LIMIT_VARS[:2]
+            )
+            if not managed:
+                continue
+            why = _exceeds(name, _value(entry), request, subject.mode)
+            if why:
+                yield Finding("limit-tampering", f"{request.label}: {name} {why}; remove it")
+
+
+def invalid_gpu_request(subject: Subject) -> Iterator[Finding]:
+    for request in subject.requests.containers:
+        yield from request.problems
+
+
+def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:
+    per_container = policy.container_maxima
+    per_pod = policy.pod_maxima
+    totals = {"initContainers": [0, 0], "containers": [0, 0]}
+    init_peak = [0, 0]
+    for request in subject.requests.containers:
+        if not request.shares:
+            continue
+        memory = (request.memory_mib or 0) * request.gpus
+        if per_container.gpus is not None and request.gpus > per_container.gpus:
+            yield Finding(
+                "gpu-quota", f"{request.label}: {request.gpus} GPUs, at most {per_container.gpus}"
+            )
+        if per_container.memory_mib is not None and memory > per_container.memory_mib:
+            yield Finding(
+                "gpu-quota",
+                f"{request.label}: {memory} MiB of GPU memory, at most {per_container.memory_mib}",
+            )
+        if (
+            per_container.cores is not None
+            and request.cores is not None
+            and request.cores > per_container.cores
+        ):
+            yield Finding(
+                "gpu-quota", f"{request.label}: {request.cores}% cores, at most {per_container.cores}"
+            )
+        if request.kind == "initContainers":
+            # Init containers run one at a time: the pod needs their peak, not their sum.
+            init_peak = [max(init_peak[0], request.gpus), max(init_peak[1], memory)]
+        elif request.kind == "containers":
+            totals["containers"][0] += request.gpus
+            totals["containers"][1] += memory
+    gpus = max(totals["containers"][0], init_peak[0])
+    memory = max(totals["containers"][1], init_peak[1])
+    if per_pod.gpus is not None and gpus > per_pod.gpus:
+        yield Finding("gpu-quota", f"pod: {gpus} GPUs in all, at most {per_pod.gpus}")
+    if per_pod.memory_mib is not None and memory > per_pod.memory_mib:
+        yield Finding("gpu-quota", f"pod: {memory} MiB of GPU memory in all, at most {per_pod.memory_mib}")
+
+
+def scheduler_bypass(subject: Subject, policy: Policy) -> Iterator[Finding]:
+    if subject.mode not in ("vgpu", "mps") or not subject.requests.sharing or not subject.created:
+        return
+    scheduler = subject.view.spec.get("schedulerName")
+    if scheduler in (None, "", "default-scheduler", policy.scheduler_name):
+        return
+    if scheduler in policy.allowed_schedulers:
+        return
+    yield Finding(
+        "scheduler-bypass",
+        f'schedulerName "{scheduler}" skips GPU accounting; remove it (we set {policy.scheduler_name})',
+    )
+
+
+def forged_allocation(subject: Subject, policy: Policy) -> Iterator[Finding]:
+    if not subject.created:
+        return
+    annotations = _mapping(_mapping(subject.view.metadata).get("annotations"))
+    for key in annotations:
+        if isinstance(key, str) and policy.is_reserved_annotation(key):
+            yield Finding(
+                "forged-allocation",
+                f"annotation {key} is written by the GPU scheduler only; remove it",
+            )
+
+
+def evaluate(subject: Subject, policy: Policy) -> list[Finding]:
+    """Every finding of every rule that applies to ``subject`` (actions are applied later)."""
+    findings: list[Finding] = []
+    findings.extend(privileged_gpu(subject))
+    findings.extend(node_name_pinning(subject))
+    findings.extend(raw_visible_devices(subject))
+    findings.extend(host_device_access(subject, policy))
+    findings.extend(limit_tampering(subject, policy))
+    if subject.created:
+        findings.extend(invalid_gpu_request(subject))
+        findings.extend(gpu_quota(subject, policy))
+        findings.extend(scheduler_bypass(subject, policy))
+        findings.extend(forged_allocation(subject, policy))
+    return findings
