@@ -160,9 +160,7 @@ def _mapping(value: Any) -> Mapping[str, Any]:
     return value if isinstance(value, Mapping) else {}
 
 
-def decide(
-    obj: Mapping[str, Any], request: Request, policy: Policy, *, phase: Phase
-) -> Decision:
+def decide(obj: Mapping[str, Any], request: Request, policy: Policy, *, phase: Phase) -> Decision:
     """The verdict of one endpoint (``mutate`` or ``validate``) on ``obj``."""
     decision = Decision()
     if request.operation not in ("CREATE", "UPDATE"):
@@ -173,7 +171,9 @@ def decide(
     if exempt(request, policy):
         decision.exempt = True
         return decision
-    namespace = request.namespace or str(_mapping(obj.get("metadata")).get("namespace") or "default")
+    namespace = request.namespace or str(
+        _mapping(obj.get("metadata")).get("namespace") or "default"
+    )
     requests = read_pod(view.spec, policy)
     choice = choose_mode(
         annotations=_mapping(_mapping(view.metadata).get("annotations")),

@@ -51,7 +51,9 @@ def choose_mode(
         value = _ALIASES.get(str(raw).strip().lower())
         if value is None:
             findings.append(
-                Finding("mode-conflict", f'annotation {key} "{raw}" is not a mode; use vgpu, mps or mig')
+                Finding(
+                    "mode-conflict", f'annotation {key} "{raw}" is not a mode; use vgpu, mps or mig'
+                )
             )
             continue
         mode, source = value, f"annotation {key}"
@@ -81,7 +83,9 @@ def choose_mode(
             )
         elif request.mig and mode != "mig":
             findings.append(
-                Finding("mode-conflict", f"{request.label}: asks for MIG but the pod's mode is {mode}")
+                Finding(
+                    "mode-conflict", f"{request.label}: asks for MIG but the pod's mode is {mode}"
+                )
             )
         elif request.shares and mode == "mig":
             findings.append(
@@ -103,11 +107,13 @@ def choose_mode(
                 )
             )
     if mode == "mps":
-        for key, value in policy.mps_node_selector.items():
+        for key, wanted in policy.mps_node_selector.items():
             have = node_selector.get(key)
-            if have is not None and str(have) != value:
+            if have is not None and str(have) != wanted:
                 findings.append(
-                    Finding("mode-conflict", f'nodeSelector {key}="{have}" but MPS pods need "{value}"')
+                    Finding(
+                        "mode-conflict", f'nodeSelector {key}="{have}" but MPS pods need "{wanted}"'
+                    )
                 )
     if mode != "none" and not policy.mode_allowed(mode, namespace):
         findings.append(

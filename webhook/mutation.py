@@ -69,7 +69,10 @@ def injected_volumes(mode: Mode, policy: Policy) -> list[dict[str, Any]]:
     """The pod volumes the mutation adds for ``mode`` (also what host-device-access allows)."""
     if mode == "vgpu":
         volumes: list[dict[str, Any]] = [
-            {"name": VOLUME_LIBRARY, "hostPath": {"path": policy.library_host_path, "type": "File"}},
+            {
+                "name": VOLUME_LIBRARY,
+                "hostPath": {"path": policy.library_host_path, "type": "File"},
+            },
             {
                 "name": VOLUME_LOCK,
                 "hostPath": {"path": policy.lock_host_path, "type": "DirectoryOrCreate"},
@@ -188,9 +191,9 @@ def _env_ops(
     elif not isinstance(env, list):
         return result  # a malformed env is the apiserver's to refuse
     last: dict[str, int] = {}
-    for index, entry in enumerate(env):
+    for position, entry in enumerate(env):
         if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
-            last[entry["name"]] = index
+            last[entry["name"]] = position
     appends: list[dict[str, str]] = []
     for want in wants:
         index = last.get(want.name)
@@ -202,7 +205,11 @@ def _env_ops(
         if current == value and len(env[index]) == 2:
             continue
         result.ops.append(
-            {"op": "replace", "path": f"{pointer}/env/{index}", "value": {"name": want.name, "value": value}}
+            {
+                "op": "replace",
+                "path": f"{pointer}/env/{index}",
+                "value": {"name": want.name, "value": value},
+            }
         )
         if want.report:
             shown = "valueFrom" if current is None else f'"{current}"'
@@ -210,16 +217,22 @@ def _env_ops(
     removals = [
         index
         for index, entry in enumerate(env)
-        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str) and strays(entry["name"])
+        if isinstance(entry, Mapping)
+        and isinstance(entry.get("name"), str)
+        and strays(entry["name"])
     ]
     for index in reversed(removals):
         result.ops.append({"op": "remove", "path": f"{pointer}/env/{index}"})
-        result.overwritten.append(f"{label}: {env[index]['name']} removed (limits come from resources)")
+        result.overwritten.append(
+            f"{label}: {env[index]['name']} removed (limits come from resources)"
+        )
     if appends:
         if "env" not in container or container.get("env") is None:
             result.ops.append({"op": "add", "path": f"{pointer}/env", "value": appends})
         else:
-            result.ops.extend({"op": "add", "path": f"{pointer}/env/-", "value": a} for a in appends)
+            result.ops.extend(
+                {"op": "add", "path": f"{pointer}/env/-", "value": a} for a in appends
+            )
     return result
 
 
@@ -296,28 +309,48 @@ def mutate(view: PodView, requests: PodRequests, mode: Mode, policy: Policy) -> 
         if policy.mps_node_selector:
             if not isinstance(selector, Mapping):
                 result.ops.append(
-                    {"op": "add", "path": f"{sp}/nodeSelector", "value": dict(policy.mps_node_selector)}
+                    {
+                        "op": "add",
+                        "path": f"{sp}/nodeSelector",
+                        "value": dict(policy.mps_node_selector),
+                    }
                 )
             else:
                 for key, value in policy.mps_node_selector.items():
                     if key not in selector:
                         result.ops.append(
-                            {"op": "add", "path": f"{sp}/nodeSelector/{escape(key)}", "value": value}
+                            {
+                                "op": "add",
+                                "path": f"{sp}/nodeSelector/{escape(key)}",
+                                "value": value,
+                            }
                         )
     metadata = view.metadata
     annotations = metadata.get("annotations") if metadata is not None else None
     if metadata is None:
         result.ops.append(
-            {"op": "add", "path": view.metadata_pointer, "value": {"annotations": {MODE_ANNOTATION: mode}}}
+            {
+                "op": "add",
+                "path": view.metadata_pointer,
+                "value": {"annotations": {MODE_ANNOTATION: mode}},
+            }
         )
     elif not isinstance(annotations, Mapping):
         result.ops.append(
-            {"op": "add", "path": f"{view.metadata_pointer}/annotations", "value": {MODE_ANNOTATION: mode}}
+            {
+                "op": "add",
+                "path": f"{view.metadata_pointer}/annotations",
+                "value": {MODE_ANNOTATION: mode},
+            }
         )
     elif annotations.get(MODE_ANNOTATION) != mode:
         op = "replace" if MODE_ANNOTATION in annotations else "add"
         result.ops.append(
-            {"op": op, "path": f"{view.metadata_pointer}/annotations/{escape(MODE_ANNOTATION)}", "value": mode}
+            {
+                "op": op,
+                "path": f"{view.metadata_pointer}/annotations/{escape(MODE_ANNOTATION)}",
+                "value": mode,
+            }
         )
 
     merge(
@@ -390,7 +423,7 @@ def mutate(view: PodView, requests: PodRequests, mode: Mode, policy: Policy) -> 
                         f"{sp}/{kind}/{index}",
                         container,
                         [Want("NVIDIA_VISIBLE_DEVICES", "none", report=False)],
-                        label=describe(kind, name if isinstance(name, str) else ""),  # type: ignore[arg-type]
+                        label=describe(kind, name if isinstance(name, str) else ""),
                         strays=lambda _name: False,
                     )
                 )

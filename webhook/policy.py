@@ -72,9 +72,8 @@ SCHEMA: Final[dict[str, Any]] = {
                 "resources": {
                     "type": "object",
                     "additionalProperties": False,
-                    "properties": {
-                        name: _STRINGS
-                        for name in (
+                    "properties": dict.fromkeys(
+                        (
                             "count",
                             "memoryMiB",
                             "memoryGiB",
@@ -82,8 +81,9 @@ SCHEMA: Final[dict[str, Any]] = {
                             "cores",
                             "priority",
                             "migPrefixes",
-                        )
-                    },
+                        ),
+                        _STRINGS,
+                    ),
                 },
                 "modes": {
                     "type": "object",
@@ -360,10 +360,11 @@ def _describe(error: jsonschema.ValidationError) -> str:
         if allowed:
             return f"{error.instance!r} is not one of {', '.join(map(str, allowed))}"
     if error.validator == "enum":
-        return f"{error.instance!r} is not one of {', '.join(map(str, error.validator_value))}"
+        choices = cast(list[Any], error.validator_value)
+        return f"{error.instance!r} is not one of {', '.join(map(str, choices))}"
     if error.validator == "const":
         return f"must be {error.validator_value!r}"
-    return error.message
+    return str(error.message)
 
 
 def load_policy(path: str | Path | None) -> Policy:

@@ -105,7 +105,7 @@ def _integer(
             "invalid-gpu-request",
             f'{label}: {resource} "{raw}" is not a quantity; write a plain integer',
         )
-    value: Decimal = parse_quantity(text)
+    value: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]  # untyped upstream
     suffix = match.group("suffix") or ""
     if suffix and suffix[0] not in "eE" and unit in ("MiB", "GiB"):
         scale = 1 << 20 if unit == "MiB" else 1 << 30
@@ -228,9 +228,7 @@ def read_container(
         request.notes.append(f"{label}: memory in MiB and percent both set; MiB wins")
     if request.sharing_resources and request.gpus == 0:
         request.gpus = 1
-        request.implied_count_resource = _implied_count_resource(
-            request.sharing_resources, policy
-        )
+        request.implied_count_resource = _implied_count_resource(request.sharing_resources, policy)
     return request
 
 

@@ -169,7 +169,7 @@ def host_device_access(subject: Subject, policy: Policy) -> Iterator[Finding]:
 def _memory_mib(text: str) -> float | None:
     """A HAMi-core memory limit value in MiB: suffix g/m/k, no suffix means bytes."""
     text = text.strip().lower()
-    scale = {"g": 1024.0, "m": 1.0, "k": 1 / 1024}.get(text[-1:] if text else "", None)
+    scale = {"g": 1024.0, "m": 1.0, "k": 1 / 1024}.get(text[-1:] if text else "")
     number = text[:-1] if scale is not None else text
     try:
         value = float(number)
@@ -197,9 +197,13 @@ def _exceeds(name: str, value: str | None, request: ContainerRequest, mode: Mode
             mib = _memory_mib(amount)
             if mib is None or mib <= 0 or mib > request.memory_mib:
                 return f"above the {request.memory_mib} MiB requested"
-    elif mode == "mps" and name == "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" and request.cores:
-        if not value.isdigit() or not 0 < int(value) <= request.cores:
-            return f"above the {request.cores}% cores requested"
+    elif (
+        mode == "mps"
+        and name == "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+        and request.cores
+        and (not value.isdigit() or not 0 < int(value) <= request.cores)
+    ):
+        return f"above the {request.cores}% cores requested"
     return None
 
 
@@ -274,7 +278,8 @@ def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:
             and request.cores > per_container.cores
         ):
             yield Finding(
-                "gpu-quota", f"{request.label}: {request.cores}% cores, at most {per_container.cores}"
+                "gpu-quota",
+                f"{request.label}: {request.cores}% cores, at most {per_container.cores}",
             )
         if request.kind == "initContainers":
             # Init containers run one at a time: the pod needs their peak, not their sum.
@@ -287,7 +292,9 @@ def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:
     if per_pod.gpus is not None and gpus > per_pod.gpus:
         yield Finding("gpu-quota", f"pod: {gpus} GPUs in all, at most {per_pod.gpus}")
     if per_pod.memory_mib is not None and memory > per_pod.memory_mib:
-        yield Finding("gpu-quota", f"pod: {memory} MiB of GPU memory in all, at most {per_pod.memory_mib}")
+        yield Finding(
+            "gpu-quota", f"pod: {memory} MiB of GPU memory in all, at most {per_pod.memory_mib}"
+        )
 
 
 def scheduler_bypass(subject: Subject, policy: Policy) -> Iterator[Finding]:
