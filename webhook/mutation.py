@@ -298,7 +298,9 @@ def mutate(view: PodView, requests: PodRequests, mode: Mode, policy: Policy) -> 
 
     # Pod-level fields.
     scheduler = spec.get("schedulerName")
-    if scheduler != policy.scheduler_name and scheduler in (None, "", "default-scheduler"):
+    # The apiserver defaults a missing schedulerName to default-scheduler.
+    effective = scheduler or "default-scheduler"
+    if effective == "default-scheduler" and effective != policy.scheduler_name:
         op = "add" if scheduler is None else "replace"
         result.ops.append({"op": op, "path": f"{sp}/schedulerName", "value": policy.scheduler_name})
     if mode == "mps":

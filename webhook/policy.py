@@ -344,17 +344,36 @@ def parse_policy(text: str, *, source: str = "<policy>") -> Policy:
     errors = []
     for error in sorted(_VALIDATOR.iter_errors(document), key=lambda e: list(e.absolute_path)):
         path = list(error.absolute_path)
-        dotted = ".".join(str(p) for p in path) or "(top level)"
-        line = _line_of(node, path)
-        errors.append(f"line {line}: {dotted}: {_describe(error)}")
+        keys = _offending_keys(error, document)
+        for key in keys:
+            dotted = ".".join(str(p) for p in [*path, key])
+            errors.append(f"line {_line_of(node, [*path, key])}: {dotted}: {_describe(error)}")
+        if not keys:
+            dotted = ".".join(str(p) for p in path) or "(top level)"
+            errors.append(f"line {_line_of(node, path)}: {dotted}: {_describe(error)}")
     if errors:
         raise PolicyError(source, errors)
     return compile_policy(document)
 
 
+def _offending_keys(error: jsonschema.ValidationError, document: Any) -> list[str]:
+    """The mapping keys an error is about, so its line is the key's, not the parent's."""
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = error.schema.get("properties", {}) if isinstance(error.schema, dict) else {}
+        return [str(k) for k in error.instance if k not in known]
+    # A propertyNames failure reports the key itself as the instance, at the parent's path.
+    if isinstance(error.instance, str):
+        parent = document
+        for part in error.absolute_path:
+            parent = parent[part]
+        if isinstance(parent, dict) and error.instance in parent:
+            return [error.instance]
+    return []
+
+
 def _describe(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
-        return f"unknown field ({error.message.split('(')[-1].rstrip(')')})"
+        return "unknown field"
     if error.validator == "propertyNames":
         allowed = error.schema.get("enum") if isinstance(error.schema, dict) else None
         if allowed:
