@@ -7,12 +7,14 @@ the mutated object: what the apiserver does with both webhooks registered).
 
 from __future__ import annotations
 
+import base64
 import copy
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, TypedDict
 
 import jsonpatch
+import orjson
 
 from webhook.mode import choose_mode
 from webhook.mutation import PatchOp, mutate
@@ -292,4 +294,94 @@ def review_object(
     }
 
 
+# -- the wire protocol ------------------------------------------------------------------
+
 Endpoint = Literal["mutate", "validate"]
+API_VERSIONS: Final = ("admission.k8s.io/v1", "admission.k8s.io/v1beta1")
+
+
+class ReviewError(Exception):
+    """A request that is not a usable AdmissionReview; the HTTP edge answers 400."""
+
+
+@dataclass(slots=True)
+class Answer:
+    """An AdmissionReview response with the decision and facts behind it (for audit)."""
+
+    review: AdmissionReview
+    decision: Decision
+    request: AdmissionRequest
+    facts: Request
+
+
+def parse_review(body: Any) -> tuple[str, AdmissionRequest]:
+    """The apiVersion and request of an AdmissionReview, or :class:`ReviewError`."""
+    if not isinstance(body, dict):
+        raise ReviewError("body is not a JSON object")
+    version = body.get("apiVersion")
+    if version not in API_VERSIONS:
+        raise ReviewError(f"apiVersion {version!r} is not one of {', '.join(API_VERSIONS)}")
+    if body.get("kind") != "AdmissionReview":
+        raise ReviewError(f"kind {body.get('kind')!r} is not AdmissionReview")
+    request = body.get("request")
+    if not isinstance(request, dict):
+        raise ReviewError("AdmissionReview has no request")
+    uid = request.get("uid")
+    if not isinstance(uid, str) or not uid:
+        raise ReviewError("request has no uid")
+    operation = request.get("operation")
+    if operation in ("CREATE", "UPDATE") and not isinstance(request.get("object"), dict):
+        raise ReviewError(f"{operation} request has no object")
+    for key in ("kind", "userInfo"):
+        if key in request and not isinstance(request[key], dict):
+            raise ReviewError(f"request.{key} is not an object")
+    return version, request  # type: ignore[return-value]  # shape checked above
+
+
+def _response(
+    version: str, uid: str, decision: Decision, policy: Policy, *, endpoint: Endpoint
+) -> AdmissionReview:
+    response: AdmissionResponse = {"uid": uid, "allowed": decision.allowed}
+    if not decision.allowed:
+        response["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message()}
+    if decision.patch and endpoint == "mutate":
+        response["patchType"] = "JSONPatch"
+        response["patch"] = base64.b64encode(orjson.dumps(decision.patch)).decode()
+    if decision.warnings:
+        response["warnings"] = decision.warnings
+    annotations = {"mode": decision.mode, "policy": policy.digest}
+    rules = sorted({v["rule"] for v in decision.violations})
+    if rules:
+        annotations["rules"] = ",".join(rules)
+    if decision.exempt:
+        annotations["exempt"] = "true"
+    response["auditAnnotations"] = annotations
+    return {"apiVersion": version, "kind": "AdmissionReview", "response": response}
+
+
+def answer(body: Any, policy: Policy, *, endpoint: Endpoint) -> Answer:
+    """Answer one AdmissionReview body at ``endpoint``. Raises ReviewError for bad input."""
+    version, request = parse_review(body)
+    obj = request.get("object")
+    if not isinstance(obj, dict):
+        obj = {}
+    facts = request_facts(request, obj)
+    decision = decide(obj, facts, policy, phase=endpoint)
+    review = _response(version, request["uid"], decision, policy, endpoint=endpoint)
+    return Answer(review=review, decision=decision, request=request, facts=facts)
+
+
+def error_answer(body: Any, policy: Policy, *, endpoint: Endpoint, error: str) -> Answer:
+    """The answer when evaluating failed unexpectedly: the policy's onError decides."""
+    version, request = parse_review(body)
+    decision = Decision(allowed=policy.on_error == "allow")
+    review = _response(version, request["uid"], decision, policy, endpoint=endpoint)
+    if not decision.allowed:
+        review["response"]["status"] = {
+            "code": 500,
+            "reason": "InternalError",
+            "message": f"gpushare-webhook could not evaluate the request ({error}); "
+            "the policy's onError is deny",
+        }
+    facts = request_facts(request, request.get("object") or {})
+    return Answer(review=review, decision=decision, request=request, facts=facts)

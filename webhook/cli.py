@@ -7,6 +7,7 @@ no traceback reaches a user on bad input.
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -123,6 +124,40 @@ def command_lint(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int
     return status
 
 
+def command_serve(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
+    # The server stack is imported here so review and lint start fast.
+    from webhook.server import ServerConfig, run
+    from webhook.tls import CertificateError
+
+    logging.basicConfig(
+        level=args.log_level,
+        stream=sys.stderr,
+        format="%(asctime)s %(levelname)s %(name)s %(message)s",
+    )
+    if args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        health_port=args.health_port,
+        policy=args.policy,
+        cert_dir=args.cert_dir,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        client_ca=args.client_ca,
+        audit_log=args.audit_log,
+        audit_max_bytes=args.audit_max_bytes,
+        workers=args.workers,
+        sans=args.san,
+    )
+    try:
+        return run(config)
+    except CertificateError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot serve: {exc}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpushare-webhook",
@@ -145,6 +180,35 @@ def build_parser() -> argparse.ArgumentParser:
         "--operation", choices=["CREATE", "UPDATE"], default="CREATE", help="admission operation"
     )
     review.set_defaults(handler=command_review)
+
+    serve = commands.add_parser("serve", help="run the HTTPS admission service")
+    serve.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")  # noqa: S104
+    serve.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    serve.add_argument(
+        "--health-port", type=int, default=8080, help="plain HTTP /healthz /readyz /metrics"
+    )
+    serve.add_argument("--policy", help="policy file, watched for changes (default: bundled)")
+    serve.add_argument(
+        "--cert-dir",
+        default="certs",
+        help="where development certificates are generated when no --tls-cert is given",
+    )
+    serve.add_argument("--tls-cert", help="serving certificate (PEM), reloaded when it changes")
+    serve.add_argument("--tls-key", help="its private key (PEM)")
+    serve.add_argument("--client-ca", help="require client certificates signed by this CA")
+    serve.add_argument(
+        "--san",
+        action="append",
+        default=[],
+        help="extra DNS name or IP for the development certificate (repeatable)",
+    )
+    serve.add_argument("--audit-log", default="-", help="- for stdout (default) or a file")
+    serve.add_argument(
+        "--audit-max-bytes", type=int, default=100 << 20, help="rotate the audit file at this size"
+    )
+    serve.add_argument("--workers", type=int, default=1, help="processes sharing the port")
+    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    serve.set_defaults(handler=command_serve)
 
     lint = commands.add_parser("lint", help="validate policy files")
     lint.add_argument("files", nargs="+", metavar="FILE")
