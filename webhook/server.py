@@ -184,7 +184,9 @@ def create_health_app(
     async def readyz(_: web.Request) -> web.Response:
         if not state.ready:
             return web.json_response({"status": "not ready"}, status=503)
-        return web.json_response({"status": "ready", "policy": store.policy.digest})
+        return web.json_response(
+            {"status": "ready", "policy": store.policy.digest, "pid": os.getpid()}
+        )
 
     async def metrics_handler(_: web.Request) -> web.Response:
         response = web.Response(body=metrics.render())
@@ -223,10 +225,20 @@ class Service:
     port: int
     health_port: int
     metrics: Metrics
+    shutdown_timeout: float
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush the audit log."""
         self.state.ready = False
+        # Stop listening first but keep open connections reading: aiohttp's own
+        # shutdown stops reading at once, which would strand a request whose body
+        # is still arriving.
+        for site in list(self.runner.sites):
+            await site.stop()
+        deadline = time.monotonic() + self.shutdown_timeout
+        # A counter shared by every handler: a 10 ms poll while stopping costs nothing.
+        while self.state.in_flight and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
         for task in self.tasks:
             task.cancel()
         for task in self.tasks:
@@ -279,6 +291,7 @@ async def start(
         port=sock.getsockname()[1],
         health_port=health_sock.getsockname()[1],
         metrics=metrics,
+        shutdown_timeout=config.shutdown_timeout,
     )
 
 
