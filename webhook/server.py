@@ -17,18 +17,20 @@ import signal
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import orjson
 from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
 
 from webhook.admission import Answer, Endpoint, ReviewError, answer, error_answer
 from webhook.audit import AuditSink, build_record
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.store import PolicyStore
 from webhook.tls import CertificateError, CertificateReloader, ensure_dev_certificates
+from webhook.tracing import configure as configure_tracing
 
 log = logging.getLogger(__name__)
 
@@ -155,7 +157,12 @@ async def validate(request: web.Request) -> web.Response:
 
 
 def create_app(
-    *, store: PolicyStore, sink: AuditSink, metrics: Metrics, state: ServiceState | None = None
+    *,
+    store: PolicyStore,
+    sink: AuditSink,
+    metrics: Metrics,
+    state: ServiceState | None = None,
+    observers: Sequence[Observer] = (),
 ) -> web.Application:
     """The webhook application (HTTPS side)."""
     app = web.Application(client_max_size=MAX_BODY)
@@ -166,7 +173,8 @@ def create_app(
     app[OBSERVERS] = [
         lambda result, endpoint, latency, error: metrics.observe(
             result, endpoint=endpoint, latency_s=latency, error=error
-        )
+        ),
+        *observers,
     ]
     app.router.add_post("/mutate", mutate)
     app.router.add_post("/validate", validate)
@@ -226,6 +234,7 @@ class Service:
     health_port: int
     metrics: Metrics
     shutdown_timeout: float
+    tracer_provider: TracerProvider | None = None
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush the audit log."""
@@ -247,6 +256,8 @@ class Service:
         await self.runner.cleanup()
         await self.health_runner.cleanup()
         await self.sink.aclose()
+        if self.tracer_provider is not None:
+            await asyncio.to_thread(self.tracer_provider.shutdown)
 
 
 async def start(
@@ -266,7 +277,14 @@ async def start(
 
     store.listeners.append(on_reload)
     state = ServiceState()
-    app = create_app(store=store, sink=sink, metrics=metrics, state=state)
+    tracing = configure_tracing()
+    app = create_app(
+        store=store,
+        sink=sink,
+        metrics=metrics,
+        state=state,
+        observers=[tracing[0]] if tracing else [],
+    )
     runner = web.AppRunner(
         app, access_log=None, shutdown_timeout=config.shutdown_timeout, handle_signals=False
     )
@@ -292,6 +310,7 @@ async def start(
         health_port=health_sock.getsockname()[1],
         metrics=metrics,
         shutdown_timeout=config.shutdown_timeout,
+        tracer_provider=tracing[1] if tracing else None,
     )
 
 
