@@ -365,13 +365,15 @@ def test_validation_denies_limits_above_the_request() -> None:
     ("limits", "fragment"),
     [
         ({"nvidia.com/gpumem": "3Gi"}, 'write "3072"'),
-        ({"nvidia.com/gpumem": "3G"}, "plain integer"),
-        ({"nvidia.com/gpumem": "0"}, "1..1048576"),
-        ({"nvidia.com/gpumem": "3221225472"}, "bytes"),
+        ({"nvidia.com/gpumem": "3G"}, 'bytes? write "2861"'),
+        ({"nvidia.com/gpumem": "1M"}, "must be 1..524288 MiB"),
+        ({"nvidia.com/gpumem": "0"}, "1..524288"),
+        ({"nvidia.com/gpumem": "3221225472"}, 'bytes? write "3072"'),
+        ({"nvidia.com/gpucores": "1Ki"}, "without a suffix"),
         ({"nvidia.com/gpucores": "150"}, "1..100"),
         ({"nvidia.com/gpumem-percentage": "0"}, "1..100"),
         ({"nvidia.com/gpu": "0.5"}, "whole number"),
-        ({"nvidia.com/gpu": "500m"}, "without a suffix"),
+        ({"nvidia.com/gpu": "500m"}, "whole number"),
         ({"nvidia.com/gpumem": "lots"}, "not a quantity"),
         ({"aliyun.com/gpu-mem": "7Gi"}, "GiB as a plain integer"),
         ({"nvidia.com/gpumem": "1000", "volcano.sh/vgpu-memory": "1000"}, "memory twice"),
@@ -381,6 +383,14 @@ def test_invalid_gpu_request(limits: dict[str, str], fragment: str) -> None:
     entry = review_object(gpu_pod(limits), DEFAULT_POLICY)
     assert rules_of(entry) == {"invalid-gpu-request"}
     assert fragment in entry["violations"][0]["message"]
+
+
+def test_canonical_quantities_from_the_apiserver_are_plain_numbers() -> None:
+    # The apiserver stores `gpumem: 3000` as "3k" and `gpucores: 100` as "100".
+    pod = gpu_pod({"nvidia.com/gpumem": "3k", "nvidia.com/gpucores": "100"})
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["allowed"]
+    assert env_of(entry["object"])["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
 
 
 def test_requests_must_equal_limits() -> None:

@@ -33,7 +33,7 @@ _KIND_LABEL: Final = {
 _QUANTITY: Final = re.compile(
     r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?P<suffix>[eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$"
 )
-MAX_MIB: Final = 1 << 20  # 1 TiB of device memory: anything above is bytes written as MiB
+MAX_MIB: Final = 1 << 19  # 512 GiB, above any card made: anything more is bytes or a unit slip
 MAX_GIB: Final = 1 << 10
 MAX_COUNT: Final = 64
 
@@ -107,14 +107,17 @@ def _integer(
         )
     value: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]  # untyped upstream
     suffix = match.group("suffix") or ""
-    if suffix and suffix[0] not in "eE" and unit in ("MiB", "GiB"):
-        scale = 1 << 20 if unit == "MiB" else 1 << 30
-        hint = f'; write "{int(value / scale)}"' if value >= scale else ""
-        return None, Finding(
-            "invalid-gpu-request",
-            f'{label}: {resource} "{text}" must be {unit} as a plain integer{hint}',
-        )
-    if suffix and suffix[0] not in "eE":
+    # The apiserver stores quantities canonically: a plain 3000 arrives as "3k", so
+    # decimal suffixes are numbers like any other. Binary suffixes are always a unit
+    # mistake: nobody means 3 GiB of MiB.
+    if suffix.endswith("i"):
+        if unit in ("MiB", "GiB"):
+            scale = 1 << 20 if unit == "MiB" else 1 << 30
+            hint = f'; write "{int(value / scale)}"' if value >= scale else ""
+            return None, Finding(
+                "invalid-gpu-request",
+                f'{label}: {resource} "{text}" must be {unit} as a plain integer{hint}',
+            )
         return None, Finding(
             "invalid-gpu-request",
             f'{label}: {resource} "{text}" must be a plain integer ({unit}), without a suffix',
@@ -131,12 +134,27 @@ def _integer(
         "percent": (1, 100),
     }[unit]
     if not low <= number <= high:
-        hint = " (bytes written as MiB?)" if unit == "MiB" and number > high else ""
+        hint = ""
+        if unit == "MiB" and number > high:
+            hint = " (bytes written as MiB?)"
+            if 0 < number >> 20 <= high:
+                hint = f'; bytes? write "{number >> 20}"'
         return None, Finding(
             "invalid-gpu-request",
             f'{label}: {resource} "{text}" must be {low}..{high} {unit}{hint}',
         )
     return number, None
+
+
+def _same_quantity(a: Any, b: Any) -> bool:
+    """Equal as quantities ("3k" is 3000), or as text when either does not parse."""
+    if str(a) == str(b):
+        return True
+    texts = [str(a).strip(), str(b).strip()]
+    if not all(_QUANTITY.match(t) for t in texts):
+        return False
+    first, second = (parse_quantity(t) for t in texts)  # type: ignore[no-untyped-call]
+    return bool(first == second)
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -170,7 +188,7 @@ def read_container(
             raw = requests[resource]
         else:
             raw = limits[resource]
-            if resource in requests and str(requests[resource]) != str(raw):
+            if resource in requests and not _same_quantity(requests[resource], raw):
                 request.problems.append(
                     Finding(
                         "invalid-gpu-request",
