@@ -337,7 +337,8 @@ class DevCluster:
         from webhook.manifests import webhook_configurations
 
         assert self.webhook is not None
-        api = client.AdmissionregistrationV1Api(self.api_client())
+        # The client takes plain dicts at run time; its stubs only know its models.
+        api: Any = client.AdmissionregistrationV1Api(self.api_client())
         for config in webhook_configurations(
             ca_bundle=self.webhook.ca_bundle(), url=url or self.webhook.url
         ):
@@ -356,7 +357,8 @@ class DevCluster:
 
         from webhook.manifests import webhook_configurations
 
-        api = client.AdmissionregistrationV1Api(self.api_client())
+        # The client takes plain dicts at run time; its stubs only know its models.
+        api: Any = client.AdmissionregistrationV1Api(self.api_client())
         for config in webhook_configurations(ca_bundle=b"", url="https://127.0.0.1:1"):
             name = config["metadata"]["name"]
             with contextlib.suppress(client.ApiException):
@@ -369,7 +371,7 @@ class DevCluster:
         """A namespace with its default ServiceAccount (no controller-manager runs here)."""
         from kubernetes import client
 
-        core = client.CoreV1Api(self.api_client())
+        core: Any = client.CoreV1Api(self.api_client())
         with contextlib.suppress(client.ApiException):
             core.create_namespace({"metadata": {"name": name}})
         with contextlib.suppress(client.ApiException):
@@ -379,7 +381,7 @@ class DevCluster:
         """Prove both webhooks answer through the apiserver (server-side dry-run creates)."""
         from kubernetes import client
 
-        core = client.CoreV1Api(self.api_client())
+        core: Any = client.CoreV1Api(self.api_client())
         self.create_namespace("gpushare-probe")
         pod = {
             "apiVersion": "v1",
