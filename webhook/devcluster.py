@@ -383,7 +383,7 @@ class DevCluster:
 
         core: Any = client.CoreV1Api(self.api_client())
         self.create_namespace("gpushare-probe")
-        pod = {
+        pod: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
             "metadata": {"name": "probe", "namespace": "gpushare-probe"},
