@@ -10,6 +10,7 @@ import argparse
 import logging
 import sys
 from collections.abc import Iterator, Sequence
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
@@ -158,6 +159,31 @@ def command_serve(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> in
         raise UsageError(f"cannot serve: {exc}") from None
 
 
+def command_certs_generate(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
+    # Imported here, like the server stack, so review and lint do not load cryptography.
+    from webhook.tls import CertificateError, issue_service_certificates, service_dns_names
+
+    if args.days < 1:
+        raise UsageError("--days must be at least 1")
+    try:
+        paths, serving = issue_service_certificates(
+            args.out,
+            service=args.service,
+            namespace=args.namespace,
+            valid_for=timedelta(days=args.days),
+            key_type=args.key_type,
+        )
+    except (CertificateError, ValueError) as exc:
+        raise UsageError(str(exc)) from None
+    names = ", ".join(service_dns_names(args.service, args.namespace))
+    stdout.write(f"wrote {paths.ca_file} (CA; base64 of it is the webhooks' caBundle)\n")
+    stdout.write(
+        f"wrote {paths.cert_file} ({args.key_type}, expires {serving.not_after:%Y-%m-%d}, {names})\n"
+    )
+    stdout.write(f"wrote {paths.key_file} (mode 0600)\n")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="gpushare-webhook",
@@ -209,6 +235,21 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--workers", type=int, default=1, help="processes sharing the port")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
     serve.set_defaults(handler=command_serve)
+
+    certs = commands.add_parser("certs", help="TLS certificates for the webhook")
+    certs_commands = certs.add_subparsers(dest="certs_command", required=True)
+    generate = certs_commands.add_parser(
+        "generate", help="issue a CA and a serving certificate for the webhook's Service"
+    )
+    generate.add_argument("--service", required=True, help="the webhook's Service name")
+    generate.add_argument("--namespace", required=True, help="the Service's namespace")
+    generate.add_argument(
+        "--out", required=True, metavar="DIR", help="where ca.crt, tls.crt, tls.key are written"
+    )
+    # Spelled out rather than imported from webhook.tls, which loads cryptography.
+    generate.add_argument("--key-type", choices=["ecdsa-p256", "rsa-2048"], default="ecdsa-p256")
+    generate.add_argument("--days", type=int, default=365, help="validity (default 365)")
+    generate.set_defaults(handler=command_certs_generate)
 
     lint = commands.add_parser("lint", help="validate policy files")
     lint.add_argument("files", nargs="+", metavar="FILE")
