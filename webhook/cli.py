@@ -17,6 +17,7 @@ from typing import Any, NoReturn, TextIO
 import orjson
 import yaml
 
+from webhook import manifests
 from webhook.admission import ReviewEntry, review_object
 from webhook.policy import PolicyError, load_policy
 
@@ -254,6 +255,8 @@ def build_parser() -> argparse.ArgumentParser:
     lint = commands.add_parser("lint", help="validate policy files")
     lint.add_argument("files", nargs="+", metavar="FILE")
     lint.set_defaults(handler=command_lint)
+
+    manifests.configure_parser(commands.add_parser("manifests", help=manifests.MANIFESTS_HELP))
 
     return parser
 
