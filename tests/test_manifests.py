@@ -15,7 +15,7 @@ import subprocess
 import sys
 import zipfile
 from collections.abc import Iterator
-from contextlib import redirect_stderr
+from contextlib import redirect_stderr, redirect_stdout
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -25,7 +25,7 @@ import yaml
 
 import webhook
 from webhook import manifests
-from webhook.cli import main
+from webhook.cli import build_parser, main
 from webhook.manifests import ManifestError, Obj
 from webhook.policy import load_policy
 
@@ -211,6 +211,24 @@ def test_deployment_mounts(overlay: str) -> None:
     assert "--policy=/etc/gpushare/policy/policy.yaml" in container(objects)["args"]
     config_map = one(objects, "ConfigMap", "gpushare-policy")
     assert set(config_map["data"]) == {"policy.yaml"}
+
+
+def test_container_args_are_serve_options(overlay: str) -> None:
+    args = container(manifests.render(overlay=overlay))["args"]
+    err = io.StringIO()
+    try:
+        with redirect_stderr(err):
+            parsed = build_parser().parse_args(args)
+    except SystemExit:
+        help_text = io.StringIO()
+        with pytest.raises(SystemExit), redirect_stdout(help_text):
+            build_parser().parse_args(["serve", "--help"])
+        if overlay == "self-managed" and "--self-managed" not in help_text.getvalue():
+            pytest.skip("serve has no --self-managed yet (certificate lifecycle work)")
+        pytest.fail(f"serve refuses the {overlay} Deployment's args: {err.getvalue()}")
+    assert parsed.command == "serve"
+    assert parsed.port == 8443
+    assert parsed.health_port == 8080
 
 
 def test_image_is_this_release() -> None:
