@@ -130,10 +130,11 @@ def _builder(
     key: PrivateKey,
     valid_for: timedelta,
     not_after_cap: datetime | None = None,
+    now: datetime | None = None,
 ) -> x509.CertificateBuilder:
     if valid_for <= timedelta(0):
         raise ValueError(f"valid_for must be positive, got {valid_for}")
-    now = datetime.now(UTC).replace(microsecond=0)
+    now = (now or datetime.now(UTC)).replace(microsecond=0)
     not_after = now + valid_for
     if not_after_cap is not None:
         not_after = min(not_after, not_after_cap)
@@ -150,15 +151,23 @@ def _builder(
 
 
 def generate_ca(
-    *, common_name: str, valid_for: timedelta, key_type: KeyType = "ecdsa-p256"
+    *,
+    common_name: str,
+    valid_for: timedelta,
+    key_type: KeyType = "ecdsa-p256",
+    now: datetime | None = None,
 ) -> KeyPair:
-    """A self-signed CA that may sign end-entity certificates only (path length 0)."""
+    """A self-signed CA that may sign end-entity certificates only (path length 0).
+
+    ``now`` (default: the current time) is when its validity starts, less a backdate
+    for clock skew.
+    """
     key = _new_key(key_type)
     name = _name(common_name)
     if not name:
         raise ValueError(f"a CA needs a common name of 1..{_MAX_COMMON_NAME} characters")
     cert = (
-        _builder(subject=name, issuer=name, key=key, valid_for=valid_for)
+        _builder(subject=name, issuer=name, key=key, valid_for=valid_for, now=now)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
         .add_extension(_key_usage(digital_signature=True, key_cert_sign=True), critical=True)
         .add_extension(
@@ -193,6 +202,7 @@ def _issue_leaf(
     usage: x509.ObjectIdentifier,
     valid_for: timedelta,
     key_type: KeyType,
+    now: datetime | None = None,
 ) -> KeyPair:
     key = _new_key(key_type)
     subject = _name(common_name)
@@ -204,6 +214,7 @@ def _issue_leaf(
         key=key,
         valid_for=valid_for,
         not_after_cap=ca.not_after,
+        now=now,
     )
     try:
         ca_ski = ca.cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
@@ -234,8 +245,10 @@ def generate_serving(
     ip_addresses: Iterable[str | IPAddress],
     valid_for: timedelta,
     key_type: KeyType = "ecdsa-p256",
+    now: datetime | None = None,
 ) -> KeyPair:
-    """A TLS server certificate for ``dns_names`` and ``ip_addresses``, signed by ``ca``."""
+    """A TLS server certificate for ``dns_names`` and ``ip_addresses``, signed by ``ca``
+    (valid from ``now``, default the current time, and never beyond the CA)."""
     names = list(dns_names)
     ips = [ipaddress.ip_address(address) for address in ip_addresses]
     if not names and not ips:
@@ -249,6 +262,7 @@ def generate_serving(
         usage=ExtendedKeyUsageOID.SERVER_AUTH,
         valid_for=valid_for,
         key_type=key_type,
+        now=now,
     )
 
 
