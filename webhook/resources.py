@@ -36,6 +36,8 @@ _QUANTITY: Final = re.compile(
 MAX_MIB: Final = 1 << 19  # 512 GiB, above any card made: anything more is bytes or a unit slip
 MAX_GIB: Final = 1 << 10
 MAX_COUNT: Final = 64
+# ASCII digits only: str.isdigit() takes "\u00b2" and int() then raises.
+_PRIORITY: Final = re.compile(r"-?[0-9]{1,9}")
 
 
 def describe(kind: ContainerKind, name: str) -> str:
@@ -113,7 +115,8 @@ def _integer(
     if suffix.endswith("i"):
         if unit in ("MiB", "GiB"):
             scale = 1 << 20 if unit == "MiB" else 1 << 30
-            hint = f'; write "{int(value / scale)}"' if value >= scale else ""
+            # Bounded: int() of a huge Decimal takes seconds (a request must not).
+            hint = f'; write "{int(value / scale)}"' if scale <= value < scale << 40 else ""
             return None, Finding(
                 "invalid-gpu-request",
                 f'{label}: {resource} "{text}" must be {unit} as a plain integer{hint}',
@@ -126,24 +129,24 @@ def _integer(
         return None, Finding(
             "invalid-gpu-request", f'{label}: {resource} "{text}" must be a whole number'
         )
-    number = int(value)
     low, high = {
         "count": (1, MAX_COUNT),
         "MiB": (1, MAX_MIB),
         "GiB": (1, MAX_GIB),
         "percent": (1, 100),
     }[unit]
-    if not low <= number <= high:
+    # Compare as Decimal first: int("1e999999") would build a million-digit integer.
+    if not low <= value <= high:
         hint = ""
-        if unit == "MiB" and number > high:
+        if unit == "MiB" and value > high:
             hint = " (bytes written as MiB?)"
-            if 0 < number >> 20 <= high:
-                hint = f'; bytes? write "{number >> 20}"'
+            if value < (high + 1) << 20:
+                hint = f'; bytes? write "{int(value) >> 20}"'
         return None, Finding(
             "invalid-gpu-request",
             f'{label}: {resource} "{text}" must be {low}..{high} {unit}{hint}',
         )
-    return number, None
+    return int(value), None
 
 
 def _same_quantity(a: Any, b: Any) -> bool:
@@ -225,7 +228,7 @@ def read_container(
         else:  # priority
             text = str(raw).strip()
             problem = None
-            if text.lstrip("-").isdigit():
+            if _PRIORITY.fullmatch(text):
                 request.priority = int(text)
             else:
                 problem = Finding(
