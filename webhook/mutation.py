@@ -254,8 +254,11 @@ def _list_ops(
         return result
     if not isinstance(current, list):
         return result
+    # Only string keys can match ours (and a list or map as a key is unhashable).
     where = {
-        item.get(key): index for index, item in enumerate(current) if isinstance(item, Mapping)
+        item[key]: index
+        for index, item in enumerate(current)
+        if isinstance(item, Mapping) and isinstance(item.get(key), str)
     }
     for item in wanted:
         index = where.get(item[key])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -20,6 +21,8 @@ Phase = Literal["mutate", "validate"]
 
 _HARMLESS_VISIBLE_DEVICES: Final = frozenset({"void", "none", ""})
 _TRUTHY: Final = frozenset({"1", "true", "yes", "on", "y", "t"})
+# A percent as ASCII digits: str.isdigit() takes "\u00b2", and int() then raises.
+_PERCENT: Final = re.compile(r"[0-9]{1,9}")
 # Mounting any of these from the host hands out GPUs behind the scheduler's back.
 _DEVICE_PREFIXES: Final = ("/dev/nvidia", "/run/nvidia", "/var/run/nvidia")
 # Mounting a parent directory exposes the device nodes as well.
@@ -189,7 +192,7 @@ def _exceeds(name: str, value: str | None, request: ContainerRequest, mode: Mode
         if mib is None or mib <= 0 or mib > request.memory_mib:
             return f"above the {request.memory_mib} MiB requested"
     elif mode == "vgpu" and name.startswith("CUDA_DEVICE_SM_LIMIT") and request.cores is not None:
-        if not value.isdigit() or not 0 < int(value) <= request.cores:
+        if not _PERCENT.fullmatch(value) or not 0 < int(value) <= request.cores:
             return f"above the {request.cores}% cores requested"
     elif mode == "mps" and name == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" and request.memory_mib:
         for part in value.split(","):
@@ -201,7 +204,7 @@ def _exceeds(name: str, value: str | None, request: ContainerRequest, mode: Mode
         mode == "mps"
         and name == "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
         and request.cores
-        and (not value.isdigit() or not 0 < int(value) <= request.cores)
+        and (not _PERCENT.fullmatch(value) or not 0 < int(value) <= request.cores)
     ):
         return f"above the {request.cores}% cores requested"
     return None
@@ -303,7 +306,7 @@ def scheduler_bypass(subject: Subject, policy: Policy) -> Iterator[Finding]:
     scheduler = subject.view.spec.get("schedulerName")
     if scheduler in (None, "", "default-scheduler", policy.scheduler_name):
         return
-    if scheduler in policy.allowed_schedulers:
+    if isinstance(scheduler, str) and scheduler in policy.allowed_schedulers:
         return
     yield Finding(
         "scheduler-bypass",
