@@ -109,11 +109,14 @@ async def _handle(request: web.Request, endpoint: Endpoint) -> web.Response:
     try:
         if request.content_type != "application/json":
             return _status(415, f"content type {request.content_type!r} is not application/json")
-        # Leave headroom inside the apiserver's deadline so our answer is not wasted.
-        deadline = parse_timeout(request.query.get("timeout")) * 0.9
         try:
-            async with asyncio.timeout(deadline):
+            if request.content.is_eof():  # the whole body is here: no timer (~4% CPU) needed
                 raw = await request.read()
+            else:
+                # Leave headroom inside the apiserver's deadline so our answer is not wasted.
+                deadline = parse_timeout(request.query.get("timeout")) * 0.9
+                async with asyncio.timeout(deadline):
+                    raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return _status(413, f"body over {MAX_BODY} bytes")
         except TimeoutError:
