@@ -80,6 +80,11 @@ def _value(entry: Mapping[str, Any]) -> str | None:
     return value if isinstance(value, str) else str(value)
 
 
+def _opaque(value: str | None) -> bool:
+    """A value the kubelet decides: from valueFrom, or with $(VAR) references it expands."""
+    return value is None or "$(" in value
+
+
 def privileged_gpu(subject: Subject) -> Iterator[Finding]:
     if not subject.requests.gpu:
         return
@@ -215,18 +220,24 @@ def limit_tampering(subject: Subject, policy: Policy) -> Iterator[Finding]:
         return
     for label, container in iter_containers(subject.view.spec):
         env = effective_env(container)
-        disable = env.get("CUDA_DISABLE_CONTROL")
-        if disable is not None:
-            value = _value(disable)
-            if value is None or value.strip().lower() in _TRUTHY:
-                yield Finding(
-                    "limit-tampering",
-                    f"{label}: CUDA_DISABLE_CONTROL switches GPU limits off; remove it",
-                )
+        # Every entry counts: HAMi's device plugin drops the preload when any entry parses
+        # true, while the kubelet keeps the last one. A value with $(VAR) references is
+        # only known once the kubelet expands it, like one from valueFrom.
+        entries = container.get("env")
+        if any(
+            isinstance(entry, Mapping)
+            and entry.get("name") == "CUDA_DISABLE_CONTROL"
+            and (_opaque(value := _value(entry)) or str(value).strip().lower() in _TRUTHY)
+            for entry in (entries if isinstance(entries, list) else ())
+        ):
+            yield Finding(
+                "limit-tampering",
+                f"{label}: CUDA_DISABLE_CONTROL switches GPU limits off; remove it",
+            )
         policy_entry = env.get("GPU_CORE_UTILIZATION_POLICY")
         if policy_entry is not None and not policy.allow_disable_core_utilization_policy:
             value = _value(policy_entry)
-            if value is None or value.strip().lower() == "disable":
+            if _opaque(value) or str(value).strip().lower() == "disable":
                 yield Finding(
                     "limit-tampering",
                     f'{label}: GPU_CORE_UTILIZATION_POLICY="{value}" loosens limits; use default or force',
