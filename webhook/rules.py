@@ -23,8 +23,11 @@ _HARMLESS_VISIBLE_DEVICES: Final = frozenset({"void", "none", ""})
 _TRUTHY: Final = frozenset({"1", "true", "yes", "on", "y", "t"})
 # A percent as ASCII digits: str.isdigit() takes "\u00b2", and int() then raises.
 _PERCENT: Final = re.compile(r"[0-9]{1,9}")
-# Mounting any of these from the host hands out GPUs behind the scheduler's back.
-_DEVICE_PREFIXES: Final = ("/dev/nvidia", "/run/nvidia", "/var/run/nvidia")
+# Mounting any of these from the host hands out GPUs behind the scheduler's back
+# (/dev/char/<major>:<minor> are the same device nodes under their numbers).
+_DEVICE_PREFIXES: Final = ("/dev/nvidia", "/run/nvidia", "/var/run/nvidia", "/dev/char")
+# /proc/<pid>/root (and cwd, for the kubelet "/") is the host's root under another name.
+_ROOT_ALIAS: Final = re.compile(r"/proc/[^/]+/(?:root|cwd)(?:/|$)")
 # Mounting a parent directory exposes the device nodes as well.
 _DEVICE_PARENTS: Final = frozenset({"/", "/dev", "/run", "/var/run", "/var"})
 
@@ -130,9 +133,9 @@ def raw_visible_devices(subject: Subject) -> Iterator[Finding]:
 
 
 def _protected(path: str, policy: Policy) -> bool:
-    path = posixpath.normpath(path) if path else "/"
-    path = "/" + path.lstrip("/")
-    if path in _DEVICE_PARENTS or path.startswith(_DEVICE_PREFIXES):
+    # Rooted before normalising: "." or "dev/.." would otherwise become "/.", not "/".
+    path = "/" + posixpath.normpath("/" + path).lstrip("/")
+    if path in _DEVICE_PARENTS or path.startswith(_DEVICE_PREFIXES) or _ROOT_ALIAS.match(path):
         return True
     roots = (
         posixpath.dirname(policy.library_host_path),
