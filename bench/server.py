@@ -759,18 +759,25 @@ def cpu_seconds(pids: Iterable[int]) -> float:
 
 @contextlib.contextmanager
 def interruptible() -> Iterator[None]:
-    """SIGTERM/SIGHUP end the run like Ctrl-C does, through every ``finally``."""
+    """Ctrl-C, SIGTERM and SIGHUP end the run through every ``finally``; then every
+    process started here is stopped, with further signals held off until that is done."""
 
     def interrupt(signum: int, _frame: FrameType | None) -> None:
         raise KeyboardInterrupt(signal.Signals(signum).name)
 
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+    # SIGINT too: a shell starting this in the background leaves it ignored.
+    previous = {sig: signal.signal(sig, interrupt) for sig in signals}
     try:
         yield
     finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
-        stop_all()
+        for sig in signals:
+            signal.signal(sig, signal.SIG_IGN)
+        try:
+            stop_all()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def command_bench(args: argparse.Namespace) -> int:
@@ -799,7 +806,8 @@ def command_bench(args: argparse.Namespace) -> int:
         if use_wrk:
             generator = f"{wrk_version()} + bench/load.lua, 1 thread"
         else:
-            generator = "aiohttp load generator (wrk not installed)"
+            missing = "" if shutil.which("wrk") else " (wrk not installed)"
+            generator = f"aiohttp load generator{missing}"
         print(f"load generator: {generator}, {args.connections} keep-alive HTTPS connections")
         print(f"fixed-rate sender: aiohttp, open loop, {args.connections} connections")
         if pin:
