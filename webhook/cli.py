@@ -12,7 +12,7 @@ import sys
 from collections.abc import Iterator, Sequence
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, NoReturn, TextIO
+from typing import TYPE_CHECKING, Any, NoReturn, TextIO
 
 import orjson
 import yaml
@@ -20,6 +20,9 @@ import yaml
 from webhook import manifests
 from webhook.admission import ReviewEntry, review_object
 from webhook.policy import PolicyError, load_policy
+
+if TYPE_CHECKING:
+    from webhook.selfmanaged import SelfManagedConfig
 
 EXIT_OK = 0
 EXIT_DENIED = 1
@@ -126,18 +129,42 @@ def command_lint(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int
     return status
 
 
+_SELF_MANAGED_OPTIONS = ("namespace", "service", "secret", "webhook_config", "kubeconfig")
+
+
+def _self_managed(args: argparse.Namespace) -> SelfManagedConfig | None:
+    given = {name: getattr(args, name) for name in _SELF_MANAGED_OPTIONS}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not args.self_managed:
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise UsageError(f"{flags}: only with --self-managed")
+        return None
+    if args.tls_cert or args.tls_key:
+        raise UsageError("--self-managed issues its own certificate: drop --tls-cert/--tls-key")
+    if not args.namespace:
+        raise UsageError("--self-managed needs --namespace (where the Service and Secret live)")
+    # Imported here: it loads the kubernetes client.
+    from webhook.selfmanaged import SelfManagedConfig
+    from webhook.tls import service_dns_names
+
+    config = SelfManagedConfig(**given)
+    try:
+        service_dns_names(config.service, config.namespace)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return config
+
+
 def command_serve(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
     # The server stack is imported here so review and lint start fast.
-    from webhook.server import ServerConfig, run
+    from webhook.server import LOG_FORMAT, ServerConfig, run
     from webhook.tls import CertificateError
 
-    logging.basicConfig(
-        level=args.log_level,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s %(message)s",
-    )
+    logging.basicConfig(level=args.log_level, stream=sys.stderr, format=LOG_FORMAT)
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
+    self_managed = _self_managed(args)
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -151,6 +178,7 @@ def command_serve(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> in
         audit_max_bytes=args.audit_max_bytes,
         workers=args.workers,
         sans=args.san,
+        self_managed=self_managed,
     )
     try:
         return run(config)
@@ -218,7 +246,8 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--cert-dir",
         default="certs",
-        help="where development certificates are generated when no --tls-cert is given",
+        help="where development certificates are generated when no --tls-cert is given, "
+        "or where --self-managed writes its pair (must be writable)",
     )
     serve.add_argument("--tls-cert", help="serving certificate (PEM), reloaded when it changes")
     serve.add_argument("--tls-key", help="its private key (PEM)")
@@ -235,6 +264,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--workers", type=int, default=1, help="processes sharing the port")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    managed = serve.add_argument_group(
+        "self-managed certificates",
+        "keep a CA and serving certificate in a Secret, renew them and write the caBundle "
+        "into the webhook configurations; one replica at a time (a Lease) does the writing",
+    )
+    managed.add_argument("--self-managed", action="store_true", help="turn this mode on")
+    managed.add_argument("--namespace", help="namespace of the Service, Secret and Lease")
+    managed.add_argument("--service", help="the webhook's Service (default gpushare-webhook)")
+    managed.add_argument("--secret", help="the Secret (default gpushare-webhook-tls)")
+    managed.add_argument(
+        "--webhook-config",
+        help="name of the Mutating and ValidatingWebhookConfiguration (default gpushare-webhook)",
+    )
+    managed.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG "
+        "or ~/.kube/config)",
+    )
     serve.set_defaults(handler=command_serve)
 
     certs = commands.add_parser("certs", help="TLS certificates for the webhook")

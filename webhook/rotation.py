@@ -208,7 +208,7 @@ def decide(
     rolled = False
     ca_problem = _ca_problem(material, now=now)
     if ca_problem is None and ca is not None and _due(ca.cert, now, policy.ca_renew_before):
-        ca_problem = f"it expires {_when(ca.cert.not_valid_after_utc)}"
+        ca_problem = _expiry(ca.cert, now)
     if ca_problem is not None:
         old = material.ca_cert
         ca = generate_ca(
@@ -333,7 +333,7 @@ def _serving_problem(
     if cert.not_valid_before_utc > now:
         return f"not valid before {_when(cert.not_valid_before_utc)}"
     if _due(cert, now, renew_before):
-        return f"it expires {_when(cert.not_valid_after_utc)}"
+        return _expiry(cert, now)
     try:
         san = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     except x509.ExtensionNotFound:
@@ -346,6 +346,11 @@ def _serving_problem(
 
 def _due(cert: x509.Certificate, now: datetime, margin: timedelta) -> bool:
     return cert.not_valid_after_utc - now <= margin
+
+
+def _expiry(cert: x509.Certificate, now: datetime) -> str:
+    tense = "expired" if cert.not_valid_after_utc <= now else "expires"
+    return f"it {tense} {_when(cert.not_valid_after_utc)}"
 
 
 def _signed_by(cert: x509.Certificate, ca: x509.Certificate) -> bool:

@@ -16,10 +16,11 @@ import re
 import signal
 import socket
 import ssl
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import orjson
 from aiohttp import web
@@ -29,11 +30,16 @@ from webhook.admission import Answer, Endpoint, ReviewError, answer, error_answe
 from webhook.audit import AuditSink, build_record
 from webhook.metrics import CONTENT_TYPE, Metrics
 from webhook.store import PolicyStore
-from webhook.tls import CertificateError, CertificateReloader, ensure_dev_certificates
+from webhook.tls import CertificateError, CertificateReloader, CertPaths, ensure_dev_certificates
 from webhook.tracing import configure as configure_tracing
+
+if TYPE_CHECKING:
+    # Imported when used: it loads the kubernetes client, which only this mode needs.
+    from webhook.selfmanaged import SelfManagedConfig
 
 log = logging.getLogger(__name__)
 
+LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s %(message)s"
 MAX_BODY: Final = 4 << 20  # UPDATE carries object and oldObject; 4 MiB is ample
 DEFAULT_TIMEOUT: Final = 10.0  # the apiserver's own default webhook timeout
 _TIMEOUT_PARAM: Final = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
@@ -74,6 +80,8 @@ class ServerConfig:
     policy_poll_interval: float = 1.0
     cert_poll_interval: float = 10.0
     reuse_port: bool = False
+    # Certificates from a Secret the webhook keeps itself, written to cert_dir.
+    self_managed: SelfManagedConfig | None = None
 
 
 def _status(code: int, message: str) -> web.Response:
@@ -359,40 +367,74 @@ async def serve_forever(
 
 
 def tls_for(config: ServerConfig) -> CertificateReloader:
-    """The certificate source: given files, or development certificates in ``cert_dir``."""
+    """The certificate source: given files, the self-managed pair in ``cert_dir``, or
+    development certificates in ``cert_dir``."""
     if config.tls_cert or config.tls_key:
         if not (config.tls_cert and config.tls_key):
             raise CertificateError(
                 config.tls_cert or config.tls_key or "", "--tls-cert and --tls-key go together"
             )
         return CertificateReloader(config.tls_cert, config.tls_key, client_ca_file=config.client_ca)
+    if config.self_managed is not None:
+        # Written there by webhook.selfmanaged before the server starts.
+        paths = CertPaths.in_directory(config.cert_dir)
+        return CertificateReloader(paths.cert_file, paths.key_file, client_ca_file=config.client_ca)
     paths = ensure_dev_certificates(config.cert_dir, extra_sans=config.sans)
     return CertificateReloader(paths.cert_file, paths.key_file, client_ca_file=config.client_ca)
 
 
-def _serve_process(config: ServerConfig) -> None:
+def _serve_process(config: ServerConfig, manage_certificates: bool = True) -> None:
+    """One serving process; with ``manage_certificates`` it also runs the self-managed
+    certificate loop (in one process of a pod only)."""
+    asyncio.run(_serve(config, manage_certificates=manage_certificates))
+
+
+def _worker(config: ServerConfig, manage_certificates: bool, log_level: int) -> None:
+    # A spawned process starts with logging unconfigured: log like the parent.
+    logging.basicConfig(level=log_level, stream=sys.stderr, format=LOG_FORMAT)
+    _serve_process(config, manage_certificates)
+
+
+async def _serve(config: ServerConfig, *, manage_certificates: bool) -> None:
+    extra_tasks: list[Any] = []
+    if config.self_managed is not None and manage_certificates:
+        from webhook.selfmanaged import SelfManagedCertificates
+
+        manager = SelfManagedCertificates.from_config(config.self_managed, cert_dir=config.cert_dir)
+        # The first serving pair must be on disk before the server loads it.
+        await manager.ensure_ready(config.self_managed.ready_timeout)
+        extra_tasks.append(manager.run())
     reloader = tls_for(config)
-    asyncio.run(
-        serve_forever(
-            config,
-            ssl_context=reloader.server_context,
-            extra_tasks=[reloader.watch(config.cert_poll_interval)],
-            certificate=reloader,
-        )
+    extra_tasks.append(reloader.watch(config.cert_poll_interval))
+    await serve_forever(
+        config, ssl_context=reloader.server_context, extra_tasks=extra_tasks, certificate=reloader
     )
+
+
+async def _fetch_self_managed(config: SelfManagedConfig, cert_dir: str) -> None:
+    from webhook.selfmanaged import SelfManagedCertificates
+
+    manager = SelfManagedCertificates.from_config(config, cert_dir=cert_dir)
+    await manager.ensure_ready(config.ready_timeout)
 
 
 def run(config: ServerConfig) -> int:
     """Serve in this process, or in ``workers`` processes sharing the ports."""
-    # Generate development certificates once, before any worker races to.
-    tls_for(config)
+    # Certificates are on disk before any worker starts: development certificates are
+    # generated once here; self-managed ones are fetched (or issued) once here, then
+    # kept current by the first worker, all workers sharing one Lease identity.
+    if config.self_managed is None:
+        tls_for(config)
+    elif config.workers > 1:
+        asyncio.run(_fetch_self_managed(config.self_managed, config.cert_dir))
     if config.workers <= 1:
         _serve_process(config)
         return 0
     context = multiprocessing.get_context("spawn")
     shared = replace(config, reuse_port=True)
+    level = logging.getLogger().getEffectiveLevel()
     workers = [
-        context.Process(target=_serve_process, args=(shared,), name=f"worker-{i}")
+        context.Process(target=_worker, args=(shared, i == 0, level), name=f"worker-{i}")
         for i in range(config.workers)
     ]
     for worker in workers:
