@@ -1,6 +1,6 @@
 """GPU requests of a pod spec: which containers ask for what, parsed and unit-checked.
 
-Quantities are parsed with the Kubernetes client's quantity parser; on top of it the
+Quantities are parsed by the Kubernetes quantity grammar (:mod:`webhook.quantity`); on top of it the
 unit contract of each resource is enforced (MiB and GiB are plain integers, percents
 are 1..100), because ``gpumem: 3Gi`` parses fine and means something absurd.
 """
@@ -10,11 +10,9 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Final, Literal
 
-from kubernetes.utils.quantity import parse_quantity
-
+from webhook import quantity
 from webhook.policy import Policy
 
 ContainerKind = Literal["containers", "initContainers", "ephemeralContainers"]
@@ -29,10 +27,6 @@ _KIND_LABEL: Final = {
     "ephemeralContainers": "ephemeral container",
 }
 
-# The Kubernetes quantity grammar; Decimal alone would also take "NaN", "1_000" or " 3".
-_QUANTITY: Final = re.compile(
-    r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?P<suffix>[eE][+-]?\d+|[KMGTPE]i|[numkMGTPE])?$"
-)
 MAX_MIB: Final = 1 << 19  # 512 GiB, above any card made: anything more is bytes or a unit slip
 MAX_GIB: Final = 1 << 10
 MAX_COUNT: Final = 64
@@ -101,18 +95,17 @@ def _integer(
 ) -> tuple[int | None, Finding | None]:
     """Parse one quantity to an int under the unit contract of ``resource``."""
     text = str(raw).strip() if isinstance(raw, int | float | str) else None
-    match = _QUANTITY.match(text) if text is not None and not isinstance(raw, bool) else None
-    if text is None or match is None:
+    parsed = quantity.parse(text) if text is not None and not isinstance(raw, bool) else None
+    if text is None or parsed is None:
         return None, Finding(
             "invalid-gpu-request",
             f'{label}: {resource} "{raw}" is not a quantity; write a plain integer',
         )
-    value: Decimal = parse_quantity(text)  # type: ignore[no-untyped-call]  # untyped upstream
-    suffix = match.group("suffix") or ""
+    value = parsed.value
     # The apiserver stores quantities canonically: a plain 3000 arrives as "3k", so
     # decimal suffixes are numbers like any other. Binary suffixes are always a unit
     # mistake: nobody means 3 GiB of MiB.
-    if suffix.endswith("i"):
+    if parsed.binary:
         if unit in ("MiB", "GiB"):
             scale = 1 << 20 if unit == "MiB" else 1 << 30
             # Bounded: int() of a huge Decimal takes seconds (a request must not).
@@ -153,11 +146,8 @@ def _same_quantity(a: Any, b: Any) -> bool:
     """Equal as quantities ("3k" is 3000), or as text when either does not parse."""
     if str(a) == str(b):
         return True
-    texts = [str(a).strip(), str(b).strip()]
-    if not all(_QUANTITY.match(t) for t in texts):
-        return False
-    first, second = (parse_quantity(t) for t in texts)  # type: ignore[no-untyped-call]
-    return bool(first == second)
+    first, second = quantity.parse(str(a).strip()), quantity.parse(str(b).strip())
+    return first is not None and second is not None and first.value == second.value
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
