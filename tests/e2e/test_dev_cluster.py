@@ -1,0 +1,80 @@
+"""hack/dev-cluster as a user runs it: ready line, a working kubeconfig, clean stop."""
+
+from __future__ import annotations
+
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.e2e
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+
+def test_dev_cluster_serves_until_sigterm(bin_dir: Path, tmp_path: Path) -> None:
+    from kubernetes import client, config
+
+    kubeconfig = tmp_path / "kubeconfig"
+    process = subprocess.Popen(
+        [
+            str(ROOT / "hack" / "dev-cluster"),
+            "--kubeconfig",
+            str(kubeconfig),
+            "--bin-dir",
+            str(bin_dir),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        assert process.stdout is not None
+        deadline = time.monotonic() + 120
+        line = ""
+        while "ready" not in line:
+            assert time.monotonic() < deadline, "no ready line"
+            readable, _, _ = select.select([process.stdout], [], [], 1)
+            if readable:
+                line = process.stdout.readline()
+            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        workdir = Path(re.search(r"policy (\S+)/policy\.yaml", line).group(1))  # type: ignore[union-attr]
+        assert workdir.exists()
+        api = config.new_client_from_config(str(kubeconfig))  # type: ignore[no-untyped-call]  # untyped upstream
+        core: Any = client.CoreV1Api(api)
+        core.create_namespace({"metadata": {"name": "dev"}})
+        core.create_namespaced_service_account("dev", {"metadata": {"name": "default"}})
+        pod = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "p"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "c",
+                        "image": "x",
+                        "resources": {"limits": {"nvidia.com/gpumem": "2000"}},
+                    }
+                ]
+            },
+        }
+        created = core.create_namespaced_pod("dev", pod)
+        assert created.spec.scheduler_name == "hami-scheduler"
+        api.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+        assert not workdir.exists()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()
