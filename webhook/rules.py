@@ -190,31 +190,38 @@ def _memory_mib(text: str) -> float | None:
 
 
 def _exceeds(name: str, value: str | None, request: ContainerRequest, mode: Mode) -> str | None:
-    """Why a limit variable's value exceeds what the request entitles, or None."""
-    if value is None:
-        return "set through valueFrom"
+    """Why a limit variable's value exceeds what the request entitles, or None.
+
+    Only a variable the request limits is judged (one for cores that were not requested
+    only limits its own author); valueFrom hides the value, so it counts as exceeding.
+    """
+    hidden = "set through valueFrom"
     if mode == "vgpu" and name.startswith("CUDA_DEVICE_MEMORY_LIMIT"):
         if request.memory_mib is None:
             return None if request.memory_percentage is not None else "no memory was requested"
+        if value is None:
+            return hidden
         mib = _memory_mib(value)
         if mib is None or mib <= 0 or mib > request.memory_mib:
             return f"above the {request.memory_mib} MiB requested"
     elif mode == "vgpu" and name.startswith("CUDA_DEVICE_SM_LIMIT") and request.cores is not None:
+        if value is None:
+            return hidden
         if not _PERCENT.fullmatch(value) or not 0 < int(value) <= request.cores:
             return f"above the {request.cores}% cores requested"
     elif mode == "mps" and name == "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" and request.memory_mib:
+        if value is None:
+            return hidden
         for part in value.split(","):
             _, _, amount = part.partition("=")
             mib = _memory_mib(amount)
             if mib is None or mib <= 0 or mib > request.memory_mib:
                 return f"above the {request.memory_mib} MiB requested"
-    elif (
-        mode == "mps"
-        and name == "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
-        and request.cores
-        and (not _PERCENT.fullmatch(value) or not 0 < int(value) <= request.cores)
-    ):
-        return f"above the {request.cores}% cores requested"
+    elif mode == "mps" and name == "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" and request.cores:
+        if value is None:
+            return hidden
+        if not _PERCENT.fullmatch(value) or not 0 < int(value) <= request.cores:
+            return f"above the {request.cores}% cores requested"
     return None
 
 
