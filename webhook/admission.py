@@ -159,7 +159,7 @@ def exempt(request: Request, policy: Policy) -> bool:
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    return value if isinstance(value, (dict, Mapping)) else {}
 
 
 def decide(obj: Mapping[str, Any], request: Request, policy: Policy, *, phase: Phase) -> Decision:
@@ -220,6 +220,8 @@ def decide(obj: Mapping[str, Any], request: Request, policy: Policy, *, phase: P
 def _apply_actions(
     decision: Decision, findings: Sequence[Finding], capped: Sequence[Finding], policy: Policy
 ) -> None:
+    if not findings and not capped:
+        return
     seen: set[tuple[str, str]] = set()
     for finding, cap in [(f, "deny") for f in findings] + [(f, "warn") for f in capped]:
         key = (finding.rule, finding.message)

@@ -192,8 +192,10 @@ def _env_ops(
         return result  # a malformed env is the apiserver's to refuse
     last: dict[str, int] = {}
     for position, entry in enumerate(env):
-        if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
-            last[entry["name"]] = position
+        if isinstance(entry, (dict, Mapping)):
+            name = entry.get("name")
+            if isinstance(name, str):
+                last[name] = position
     appends: list[dict[str, str]] = []
     for want in wants:
         index = last.get(want.name)
@@ -214,13 +216,19 @@ def _env_ops(
         if want.report:
             shown = "valueFrom" if current is None else f'"{current}"'
             result.overwritten.append(f'{label}: {want.name} {shown} replaced by "{value}"')
-    removals = [
-        index
-        for index, entry in enumerate(env)
-        if isinstance(entry, Mapping)
-        and isinstance(entry.get("name"), str)
-        and strays(entry["name"])
-    ]
+    # Each distinct name is judged once; the list is scanned only when one is stray.
+    stray_names = {name for name in last if strays(name)}
+    removals = (
+        [
+            index
+            for index, entry in enumerate(env)
+            if isinstance(entry, (dict, Mapping))
+            and isinstance(name := entry.get("name"), str)
+            and name in stray_names
+        ]
+        if stray_names
+        else []
+    )
     for index in reversed(removals):
         result.ops.append({"op": "remove", "path": f"{pointer}/env/{index}"})
         result.overwritten.append(
@@ -258,7 +266,7 @@ def _list_ops(
     where = {
         item[key]: index
         for index, item in enumerate(current)
-        if isinstance(item, Mapping) and isinstance(item.get(key), str)
+        if isinstance(item, (dict, Mapping)) and isinstance(item.get(key), str)
     }
     for item in wanted:
         index = where.get(item[key])
@@ -284,7 +292,9 @@ def _same_mount(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    # (dict, Mapping): isinstance tries dict first, in C; Mapping alone goes through
+    # ABCMeta.__instancecheck__, six times slower, and this runs for every env entry.
+    return value if isinstance(value, (dict, Mapping)) else {}
 
 
 def mutate(view: PodView, requests: PodRequests, mode: Mode, policy: Policy) -> Mutation:
@@ -312,7 +322,7 @@ def mutate(view: PodView, requests: PodRequests, mode: Mode, policy: Policy) -> 
             result.ops.append({"op": op, "path": f"{sp}/hostIPC", "value": True})
         selector = spec.get("nodeSelector")
         if policy.mps_node_selector:
-            if not isinstance(selector, Mapping):
+            if not isinstance(selector, (dict, Mapping)):
                 result.ops.append(
                     {
                         "op": "add",
@@ -340,7 +350,7 @@ def mutate(view: PodView, requests: PodRequests, mode: Mode, policy: Policy) -> 
                 "value": {"annotations": {MODE_ANNOTATION: mode}},
             }
         )
-    elif not isinstance(annotations, Mapping):
+    elif not isinstance(annotations, (dict, Mapping)):
         result.ops.append(
             {
                 "op": "add",
@@ -387,7 +397,9 @@ def mutate(view: PodView, requests: PodRequests, mode: Mode, policy: Policy) -> 
                 container,
                 wants,
                 label=label,
-                strays=lambda name, r=request, w=wanted_names: stray_env(name, r, mode, w),
+                strays=lambda name, r=request, w=wanted_names: (
+                    name.startswith(VGPU_LIMIT_PREFIXES) and stray_env(name, r, mode, w)
+                ),
             )
         )
         merge(
@@ -405,7 +417,10 @@ def mutate(view: PodView, requests: PodRequests, mode: Mode, policy: Policy) -> 
             resources = _mapping(container.get("resources"))
             for part in ("limits", "requests"):
                 current = resources.get(part)
-                if isinstance(current, Mapping) and request.implied_count_resource not in current:
+                if (
+                    isinstance(current, (dict, Mapping))
+                    and request.implied_count_resource not in current
+                ):
                     result.ops.append(
                         {
                             "op": "add",
@@ -420,7 +435,7 @@ def mutate(view: PodView, requests: PodRequests, mode: Mode, policy: Policy) -> 
             if not isinstance(containers, list):
                 continue
             for index, container in enumerate(containers):
-                if (kind, index) in gpu_names or not isinstance(container, Mapping):
+                if (kind, index) in gpu_names or not isinstance(container, (dict, Mapping)):
                     continue
                 name = container.get("name")
                 merge(

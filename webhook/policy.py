@@ -10,6 +10,7 @@ import copy
 import fnmatch
 import hashlib
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from importlib import resources
@@ -234,6 +235,9 @@ class Policy:
     pod_maxima: Maxima
     spec: Mapping[str, Any] = field(repr=False, compare=False)
     gpu_resources: frozenset[str] = field(init=False, repr=False, compare=False)
+    # reserved_annotations as one compiled pattern: a glob match per key and pattern
+    # (fnmatch) costs microseconds on every request.
+    reserved_pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -246,6 +250,8 @@ class Policy:
             | self.cores_resources
             | self.priority_resources,
         )
+        globs = [fnmatch.translate(p) for p in self.reserved_annotations] or ["(?!)"]
+        object.__setattr__(self, "reserved_pattern", re.compile("|".join(globs)))
 
     def action(self, rule: str) -> Action:
         return self.actions[rule]
@@ -257,7 +263,7 @@ class Policy:
         return match_any(namespace, self.allowed_namespaces.get(mode, ()))
 
     def is_reserved_annotation(self, key: str) -> bool:
-        return match_any(key, self.reserved_annotations)
+        return self.reserved_pattern.match(key) is not None
 
 
 def match_any(value: str, patterns: Iterable[str]) -> bool:

@@ -30,6 +30,12 @@ _KIND_LABEL: Final = {
 MAX_MIB: Final = 1 << 19  # 512 GiB, above any card made: anything more is bytes or a unit slip
 MAX_GIB: Final = 1 << 10
 MAX_COUNT: Final = 64
+_RANGES: Final[dict[str, tuple[int, int]]] = {
+    "count": (1, MAX_COUNT),
+    "MiB": (1, MAX_MIB),
+    "GiB": (1, MAX_GIB),
+    "percent": (1, 100),
+}
 # ASCII digits only: str.isdigit() takes "\u00b2" and int() then raises.
 _PRIORITY: Final = re.compile(r"-?[0-9]{1,9}")
 
@@ -94,6 +100,11 @@ def _integer(
     raw: Any, *, resource: str, label: str, unit: Literal["count", "MiB", "GiB", "percent"]
 ) -> tuple[int | None, Finding | None]:
     """Parse one quantity to an int under the unit contract of ``resource``."""
+    # Fast path for what nearly every request holds: a plain integer within range.
+    if type(raw) is int or (type(raw) is str and len(raw) < 10 and raw.isdigit() and raw.isascii()):
+        low, high = _RANGES[unit]
+        if low <= int(raw) <= high:
+            return int(raw), None
     text = str(raw).strip() if isinstance(raw, int | float | str) else None
     parsed = quantity.parse(text) if text is not None and not isinstance(raw, bool) else None
     if text is None or parsed is None:
@@ -151,7 +162,7 @@ def _same_quantity(a: Any, b: Any) -> bool:
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
+    return value if isinstance(value, (dict, Mapping)) else {}
 
 
 def read_container(
@@ -261,7 +272,7 @@ def read_pod(spec: Mapping[str, Any], policy: Policy) -> PodRequests:
         if not isinstance(containers, list):
             continue
         for index, container in enumerate(containers):
-            if not isinstance(container, Mapping):
+            if not isinstance(container, (dict, Mapping)):
                 continue
             request = read_container(container, kind=kind, index=index, policy=policy)
             if request is not None:

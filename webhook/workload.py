@@ -35,11 +35,11 @@ def find_pod(obj: Mapping[str, Any], kind: str) -> PodView | None:
     if kind == "Pod":
         spec = obj.get("spec")
         metadata = obj.get("metadata")
-        if not isinstance(spec, Mapping):
+        if not isinstance(spec, (dict, Mapping)):
             return None
         return PodView(
             spec=spec,
-            metadata=metadata if isinstance(metadata, Mapping) else None,
+            metadata=metadata if isinstance(metadata, (dict, Mapping)) else None,
             spec_pointer="/spec",
             metadata_pointer="/metadata",
             template=False,
@@ -49,17 +49,17 @@ def find_pod(obj: Mapping[str, Any], kind: str) -> PodView | None:
         return None
     node: Any = obj
     for part in path:
-        node = node.get(part) if isinstance(node, Mapping) else None
-    if not isinstance(node, Mapping):
+        node = node.get(part) if isinstance(node, (dict, Mapping)) else None
+    if not isinstance(node, (dict, Mapping)):
         return None
     spec = node.get("spec")
-    if not isinstance(spec, Mapping):
+    if not isinstance(spec, (dict, Mapping)):
         return None
     metadata = node.get("metadata")
     base = "/" + "/".join(path)
     return PodView(
         spec=spec,
-        metadata=metadata if isinstance(metadata, Mapping) else None,
+        metadata=metadata if isinstance(metadata, (dict, Mapping)) else None,
         spec_pointer=base + "/spec",
         metadata_pointer=base + "/metadata",
         template=True,
