@@ -64,6 +64,14 @@ STRAY_ENV: Final = re.compile(r"CUDA_DEVICE_MEMORY_LIMIT\w*|CUDA_DEVICE_SM_LIMIT
 OPS: Final = frozenset({"add", "remove", "replace"})
 
 
+def test_every_bundled_policy_is_exercised() -> None:
+    examples = ROOT / "policies" / "examples"
+    stems = {path.stem for path in examples.glob("*.yaml")}
+    assert {"default", *stems} <= set(POLICIES)
+    # policies/default.yaml is the policy the package ships and uses without --policy.
+    assert POLICIES["default"].digest == DEFAULT_POLICY.digest
+
+
 def namespace_of(obj: Mapping[str, Any]) -> str:
     metadata = obj.get("metadata")
     namespace = metadata.get("namespace") if isinstance(metadata, Mapping) else None
