@@ -21,7 +21,7 @@ from webhook.mutation import PatchOp, mutate
 from webhook.policy import Action, Mode, Policy, match_any
 from webhook.resources import Finding, read_pod
 from webhook.rules import Phase, Subject, evaluate
-from webhook.workload import find_pod
+from webhook.workload import as_mapping, find_pod
 
 MAX_WARNING: Final = 120
 _SEVERITY: Final[Mapping[str, int]] = {"off": 0, "audit": 1, "warn": 2, "deny": 3}
@@ -158,10 +158,6 @@ def exempt(request: Request, policy: Policy) -> bool:
     return False
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, (dict, Mapping)) else {}
-
-
 def decide(obj: Mapping[str, Any], request: Request, policy: Policy, *, phase: Phase) -> Decision:
     """The verdict of one endpoint (``mutate`` or ``validate``) on ``obj``."""
     decision = Decision()
@@ -174,12 +170,12 @@ def decide(obj: Mapping[str, Any], request: Request, policy: Policy, *, phase: P
         decision.exempt = True
         return decision
     namespace = request.namespace or str(
-        _mapping(obj.get("metadata")).get("namespace") or "default"
+        as_mapping(obj.get("metadata")).get("namespace") or "default"
     )
     requests = read_pod(view.spec, policy)
     choice = choose_mode(
-        annotations=_mapping(_mapping(view.metadata).get("annotations")),
-        node_selector=_mapping(view.spec.get("nodeSelector")),
+        annotations=as_mapping(as_mapping(view.metadata).get("annotations")),
+        node_selector=as_mapping(view.spec.get("nodeSelector")),
         namespace=namespace,
         requests=requests,
         policy=policy,
@@ -244,8 +240,8 @@ def _apply_actions(
 
 def request_facts(request: AdmissionRequest, obj: Mapping[str, Any]) -> Request:
     """The :class:`Request` of a wire AdmissionRequest (its object already chosen)."""
-    kind = _mapping(request.get("kind")).get("kind") or _mapping(obj).get("kind") or ""
-    user = _mapping(request.get("userInfo"))
+    kind = as_mapping(request.get("kind")).get("kind") or as_mapping(obj).get("kind") or ""
+    user = as_mapping(request.get("userInfo"))
     groups = user.get("groups")
     return Request(
         kind=str(kind),
@@ -267,7 +263,7 @@ def review_object(
     operation: str = "CREATE",
 ) -> ReviewEntry:
     """Mutate, then validate the mutated object: both webhooks, as the apiserver runs them."""
-    metadata = _mapping(obj.get("metadata"))
+    metadata = as_mapping(obj.get("metadata"))
     kind = str(obj.get("kind") or "")
     ns = namespace or str(metadata.get("namespace") or "default")
     request = Request(

@@ -13,7 +13,6 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Final, TypedDict
@@ -21,6 +20,7 @@ from typing import IO, Any, Final, TypedDict
 import orjson
 
 from webhook.admission import Answer
+from webhook.workload import as_mapping
 
 log = logging.getLogger(__name__)
 
@@ -58,17 +58,15 @@ class AuditRecord(TypedDict, total=False):
     error: str
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
-
-
 def build_record(
     answer: Answer, *, endpoint: str, policy_hash: str, latency_s: float, error: str | None = None
 ) -> AuditRecord:
     """The audit record of one answered review (pure)."""
     request = answer.request
-    resource = _mapping(request.get("resource"))
-    metadata = _mapping(_mapping(request.get("object") or request.get("oldObject")).get("metadata"))
+    resource = as_mapping(request.get("resource"))
+    metadata = as_mapping(
+        as_mapping(request.get("object") or request.get("oldObject")).get("metadata")
+    )
     ref: ObjectRef = {"resource": str(resource.get("resource") or "")}
     if resource.get("group"):
         ref["apiGroup"] = str(resource["group"])
@@ -84,7 +82,7 @@ def build_record(
         ref["name"] = str(name)
     elif metadata.get("generateName"):
         ref["generateName"] = str(metadata["generateName"])
-    user = _mapping(request.get("userInfo"))
+    user = as_mapping(request.get("userInfo"))
     groups = user.get("groups")
     decision = answer.decision
     record: AuditRecord = {

@@ -26,10 +26,6 @@ class ModeChoice:
     findings: list[Finding] = field(default_factory=list)
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, (dict, Mapping)) else {}
-
-
 def choose_mode(
     *,
     annotations: Mapping[str, Any],

@@ -15,7 +15,7 @@ from typing import Any, Final, TypedDict
 
 from webhook.policy import Mode, Policy
 from webhook.resources import ContainerRequest, PodRequests, describe
-from webhook.workload import PodView
+from webhook.workload import PodView, as_mapping
 
 LIBRARY_PATH: Final = "/usr/local/vgpu/libvgpu.so"  # HAMi-core hard-codes it for its dlsym hook
 PRELOAD_FILE: Final = "/etc/ld.so.preload"
@@ -291,12 +291,6 @@ def _same_mount(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
     )
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    # (dict, Mapping): isinstance tries dict first, in C; Mapping alone goes through
-    # ABCMeta.__instancecheck__, six times slower, and this runs for every env entry.
-    return value if isinstance(value, (dict, Mapping)) else {}
-
-
 def mutate(view: PodView, requests: PodRequests, mode: Mode, policy: Policy) -> Mutation:
     """The patch for a pod (or template) in ``mode``; empty when it already has it all."""
     result = Mutation()
@@ -414,7 +408,7 @@ def mutate(view: PodView, requests: PodRequests, mode: Mode, policy: Policy) -> 
             )
         )
         if request.implied_count_resource is not None:
-            resources = _mapping(container.get("resources"))
+            resources = as_mapping(container.get("resources"))
             for part in ("limits", "requests"):
                 current = resources.get(part)
                 if (

@@ -14,6 +14,7 @@ from typing import Any, Final, Literal
 
 from webhook import quantity
 from webhook.policy import Policy
+from webhook.workload import as_mapping
 
 ContainerKind = Literal["containers", "initContainers", "ephemeralContainers"]
 CONTAINER_KINDS: Final[tuple[ContainerKind, ...]] = (
@@ -161,17 +162,13 @@ def _same_quantity(a: Any, b: Any) -> bool:
     return first is not None and second is not None and first.value == second.value
 
 
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, (dict, Mapping)) else {}
-
-
 def read_container(
     container: Mapping[str, Any], *, kind: ContainerKind, index: int, policy: Policy
 ) -> ContainerRequest | None:
     """The GPU request of one container, or None when it asks for no GPU resource."""
-    resources = _mapping(container.get("resources"))
-    limits = _mapping(resources.get("limits"))
-    requests = _mapping(resources.get("requests"))
+    resources = as_mapping(container.get("resources"))
+    limits = as_mapping(resources.get("limits"))
+    requests = as_mapping(resources.get("requests"))
     is_gpu = policy.is_gpu_resource
     names = [n for n in limits if isinstance(n, str) and is_gpu(n)]
     names += [n for n in requests if isinstance(n, str) and is_gpu(n) and n not in limits]

@@ -18,12 +18,9 @@ from opentelemetry.trace import Status, StatusCode, Tracer
 
 from webhook import __version__
 from webhook.admission import Answer
+from webhook.workload import as_mapping
 
 SpanObserver = Callable[[Answer, str, float, "str | None"], None]
-
-
-def _mapping(value: Any) -> Mapping[str, Any]:
-    return value if isinstance(value, Mapping) else {}
 
 
 def review_observer(tracer: Tracer) -> SpanObserver:
@@ -33,7 +30,7 @@ def review_observer(tracer: Tracer) -> SpanObserver:
         end = time.time_ns()
         request = answer.request
         decision = answer.decision
-        user = _mapping(request.get("userInfo"))
+        user = as_mapping(request.get("userInfo"))
         attributes: dict[str, Any] = {
             "admission.uid": str(request.get("uid", "")),
             "admission.endpoint": endpoint,
