@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import contextlib
 import copy
-import ssl
+import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -18,9 +18,8 @@ from typing import Any
 import orjson
 import pytest
 import yaml
-from aiohttp import web
 
-from webhook.devcluster import DevCluster
+from webhook.devcluster import DevCluster, free_port
 from webhook.tls import generate_ca, generate_serving, write_files
 
 pytestmark = pytest.mark.e2e
@@ -112,7 +111,7 @@ def test_vgpu_pod_is_mutated_once_despite_reinvocation(
 
 
 class _Mutator:
-    """A second mutating webhook that changes every pod after ours, forcing reinvocation."""
+    """tests/e2e/mutator.py in its own process: a second mutating webhook."""
 
     def __init__(self, workdir: Path) -> None:
         ca = generate_ca(common_name="e2e mutator CA", valid_for=timedelta(hours=2))
@@ -120,57 +119,33 @@ class _Mutator:
             ca=ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"], valid_for=timedelta(hours=2)
         )
         self.paths = write_files(workdir / "mutator", ca=ca, serving=serving)
-        self.port = 0
-        self.loop = asyncio.new_event_loop()
-        self.ready = threading.Event()
-        self.thread = threading.Thread(target=self._run, daemon=True)
-        self.runner: web.AppRunner | None = None
-
-    async def _mutate(self, request: web.Request) -> web.Response:
-        review = await request.json()
-        pod = review["request"]["object"]
-        annotations = pod["metadata"].get("annotations") or {}
-        patch: list[dict[str, Any]] = []
-        if annotations.get("e2e.gpushare.io/touched") != "yes":
-            patch = [
-                {
-                    "op": "add",
-                    "path": "/metadata/annotations/e2e.gpushare.io~1touched",
-                    "value": "yes",
-                }
-            ]
-        response: dict[str, Any] = {"uid": review["request"]["uid"], "allowed": True}
-        if patch:
-            response["patchType"] = "JSONPatch"
-            response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
-        return web.json_response(
-            {"apiVersion": review["apiVersion"], "kind": "AdmissionReview", "response": response}
-        )
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        app = web.Application()
-        app.router.add_post("/mutate", self._mutate)
-        self.runner = web.AppRunner(app)
-        self.loop.run_until_complete(self.runner.setup())
-        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-        context.load_cert_chain(self.paths.cert_file, self.paths.key_file)
-        site = web.TCPSite(self.runner, "127.0.0.1", 0, ssl_context=context)
-        self.loop.run_until_complete(site.start())
-        self.port = self.runner.addresses[0][1]
-        self.ready.set()
-        self.loop.run_forever()
+        self.port = free_port()
+        self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
-        self.thread.start()
-        assert self.ready.wait(10)
+        self.process = subprocess.Popen(
+            [
+                sys.executable,
+                str(Path(__file__).with_name("mutator.py")),
+                str(self.port),
+                str(self.paths.cert_file),
+                str(self.paths.key_file),
+            ]
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            assert self.process.poll() is None, "the test mutator exited"
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return
+            except OSError:
+                assert time.monotonic() < deadline, "the test mutator did not listen"
+                time.sleep(0.05)
 
     def stop(self) -> None:
-        assert self.runner is not None
-        asyncio.run_coroutine_threadsafe(self.runner.cleanup(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
+        assert self.process is not None
+        self.process.terminate()
+        self.process.wait(15)
 
 
 @contextlib.contextmanager
