@@ -23,7 +23,7 @@ async def mutate(request: web.Request) -> web.Response:
     annotations = pod["metadata"].get("annotations") or {}
     response: dict[str, Any] = {"uid": review["request"]["uid"], "allowed": True}
     if annotations.get(ANNOTATION) != "yes":
-        patch = [
+        patch: list[dict[str, Any]] = [
             {"op": "add", "path": "/metadata/annotations/e2e.gpushare.io~1touched", "value": "yes"}
         ]
         if not annotations:
