@@ -8,29 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 from collections.abc import Callable
 from pathlib import Path
 
+from webhook.files import Fingerprint, fingerprint
 from webhook.policy import DEFAULT_POLICY, PolicyError, load_policy
 
 log = logging.getLogger(__name__)
-
-Fingerprint = tuple[str, int, int, int] | None
-
-
-def fingerprint(path: Path) -> Fingerprint:
-    """What identifies the file's content on disk, following symlinks.
-
-    Kubernetes ConfigMap volumes swap a ``..data`` symlink atomically, so the resolved
-    path and inode change even when mtime and size do not.
-    """
-    try:
-        real = os.path.realpath(path)
-        stat = os.stat(real)
-    except OSError:
-        return None
-    return (real, stat.st_ino, stat.st_mtime_ns, stat.st_size)
 
 
 class PolicyStore:

@@ -35,6 +35,8 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
+from webhook.files import Fingerprint, fingerprint
+
 log = logging.getLogger(__name__)
 
 KeyType = Literal["ecdsa-p256", "rsa-2048"]
@@ -565,7 +567,7 @@ def build_server_context(
 
 # -- reload ----------------------------------------------------------------------------
 
-_Signature = tuple[tuple[int, int, int, int] | None, ...]
+_Signature = tuple[Fingerprint, ...]
 
 
 class CertificateReloader:
@@ -631,19 +633,9 @@ class CertificateReloader:
         return _load(*paths, _read_material(*paths))
 
     def _files_signature(self) -> _Signature:
-        files = [self._cert_file, self._key_file, self._client_ca_file]
-        signature: list[tuple[int, int, int, int] | None] = []
-        for path in files:
-            try:
-                # stat follows symlinks: a Secret volume's atomic "..data" swap shows
-                # up as a new inode behind the same path.
-                st = os.stat(path) if path is not None else None
-            except OSError:
-                st = None
-            signature.append(
-                None if st is None else (st.st_dev, st.st_ino, st.st_mtime_ns, st.st_size)
-            )
-        return tuple(signature)
+        return tuple(
+            fingerprint(path) for path in (self._cert_file, self._key_file, self._client_ca_file)
+        )
 
     def reload(self) -> bool:
         """Load the files again; True when a new pair is now in force.
