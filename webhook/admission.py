@@ -120,7 +120,6 @@ class Request:
     namespace: str = ""
     username: str = ""
     groups: tuple[str, ...] = ()
-    subresource: str = ""
 
 
 @dataclass(slots=True)
@@ -249,7 +248,6 @@ def request_facts(request: AdmissionRequest, obj: Mapping[str, Any]) -> Request:
         namespace=str(request.get("namespace") or ""),
         username=str(user.get("username") or ""),
         groups=tuple(str(g) for g in groups) if isinstance(groups, list) else (),
-        subresource=str(request.get("subResource") or ""),
     )
 
 

@@ -34,7 +34,6 @@ from cryptography.hazmat.primitives import serialization
 from webhook.tls import generate_ca, generate_serving, write_files
 
 REPO: Final = Path(__file__).resolve().parent.parent
-WEBHOOK_NAMESPACE: Final = "gpushare-system"
 
 
 class ClusterError(Exception):

@@ -285,10 +285,6 @@ def _default_document() -> dict[str, Any]:
 _DEFAULT_DOCUMENT: Final = _default_document()
 
 
-def default_policy_text() -> str:
-    return resources.files("webhook").joinpath("policies/default.yaml").read_text("utf-8")
-
-
 def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     """Deep-merge ``override`` onto ``base``: maps merge, everything else replaces."""
     merged = dict(base)

@@ -134,12 +134,7 @@ def _integer(
         return None, Finding(
             "invalid-gpu-request", f'{label}: {resource} "{text}" must be a whole number'
         )
-    low, high = {
-        "count": (1, MAX_COUNT),
-        "MiB": (1, MAX_MIB),
-        "GiB": (1, MAX_GIB),
-        "percent": (1, 100),
-    }[unit]
+    low, high = _RANGES[unit]
     # Compare as Decimal first: int("1e999999") would build a million-digit integer.
     if not low <= value <= high:
         hint = ""

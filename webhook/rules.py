@@ -11,7 +11,9 @@ from typing import Any, Final, Literal
 from webhook.mutation import (
     MPS_LIMIT_VARS,
     VGPU_LIMIT_PREFIXES,
+    env_value,
     injected_volumes,
+    same_volume,
 )
 from webhook.policy import Mode, Policy
 from webhook.resources import CONTAINER_KINDS, ContainerRequest, Finding, PodRequests, describe
@@ -72,13 +74,6 @@ def effective_env(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     }
 
 
-def _value(entry: Mapping[str, Any]) -> str | None:
-    if "valueFrom" in entry:
-        return None
-    value = entry.get("value", "")
-    return value if isinstance(value, str) else str(value)
-
-
 def _opaque(value: str | None) -> bool:
     """A value the kubelet decides: from valueFrom, or with $(VAR) references it expands."""
     return value is None or "$(" in value
@@ -118,7 +113,7 @@ def raw_visible_devices(subject: Subject) -> Iterator[Finding]:
                 or item.get("name") != "NVIDIA_VISIBLE_DEVICES"
             ):
                 continue
-            value = _value(item)
+            value = env_value(item)
             if value is None:
                 yield Finding(
                     "raw-visible-devices",
@@ -164,7 +159,7 @@ def host_device_access(subject: Subject, policy: Policy) -> Iterator[Finding]:
             if allowed is None:
                 sharing = subject.requests.sharing
                 allowed = injected_volumes(subject.mode, policy) if sharing else []
-            if any(dict(volume) == a for a in allowed):
+            if any(same_volume(volume, a) for a in allowed):
                 continue
             yield Finding(
                 "host-device-access",
@@ -206,7 +201,10 @@ def _exceeds(name: str, value: str | None, request: ContainerRequest, mode: Mode
         mib = _memory_mib(value)
         if mib is None or mib <= 0 or mib > request.memory_mib:
             return f"above the {request.memory_mib} MiB requested"
-    elif mode == "vgpu" and name.startswith("CUDA_DEVICE_SM_LIMIT") and request.cores is not None:
+    elif request.cores is not None and (
+        (mode == "vgpu" and name.startswith("CUDA_DEVICE_SM_LIMIT"))
+        or (mode == "mps" and name == "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    ):
         if value is None:
             return hidden
         if not _PERCENT.fullmatch(value) or not 0 < int(value) <= request.cores:
@@ -219,11 +217,6 @@ def _exceeds(name: str, value: str | None, request: ContainerRequest, mode: Mode
             mib = _memory_mib(amount)
             if mib is None or mib <= 0 or mib > request.memory_mib:
                 return f"above the {request.memory_mib} MiB requested"
-    elif mode == "mps" and name == "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE" and request.cores:
-        if value is None:
-            return hidden
-        if not _PERCENT.fullmatch(value) or not 0 < int(value) <= request.cores:
-            return f"above the {request.cores}% cores requested"
     return None
 
 
@@ -242,7 +235,7 @@ def limit_tampering(subject: Subject, policy: Policy) -> Iterator[Finding]:
                 continue
             name = entry.get("name")
             if name == "CUDA_DISABLE_CONTROL" and not disabled:
-                value = _value(entry)
+                value = env_value(entry)
                 disabled = _opaque(value) or str(value).strip().lower() in _TRUTHY
             elif name == "GPU_CORE_UTILIZATION_POLICY":
                 policy_entry = entry
@@ -252,7 +245,7 @@ def limit_tampering(subject: Subject, policy: Policy) -> Iterator[Finding]:
                 f"{label}: CUDA_DISABLE_CONTROL switches GPU limits off; remove it",
             )
         if policy_entry is not None and not policy.allow_disable_core_utilization_policy:
-            value = _value(policy_entry)
+            value = env_value(policy_entry)
             if _opaque(value) or str(value).strip().lower() == "disable":
                 yield Finding(
                     "limit-tampering",
@@ -270,11 +263,11 @@ def limit_tampering(subject: Subject, policy: Policy) -> Iterator[Finding]:
             managed = (
                 name.startswith(VGPU_LIMIT_PREFIXES)
                 if subject.mode == "vgpu"
-                else name in MPS_LIMIT_VARS[:2]
+                else name in MPS_LIMIT_VARS
             )
             if not managed:
                 continue
-            why = _exceeds(name, _value(entry), request, subject.mode)
+            why = _exceeds(name, env_value(entry), request, subject.mode)
             if why:
                 yield Finding("limit-tampering", f"{request.label}: {name} {why}; remove it")
 
@@ -289,7 +282,7 @@ def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:
         return
     per_container = policy.container_maxima
     per_pod = policy.pod_maxima
-    totals = {"initContainers": [0, 0], "containers": [0, 0]}
+    total_gpus = total_memory = 0
     init_peak = [0, 0]
     for request in subject.requests.containers:
         if not request.shares:
@@ -317,10 +310,10 @@ def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:
             # Init containers run one at a time: the pod needs their peak, not their sum.
             init_peak = [max(init_peak[0], request.gpus), max(init_peak[1], memory)]
         elif request.kind == "containers":
-            totals["containers"][0] += request.gpus
-            totals["containers"][1] += memory
-    gpus = max(totals["containers"][0], init_peak[0])
-    memory = max(totals["containers"][1], init_peak[1])
+            total_gpus += request.gpus
+            total_memory += memory
+    gpus = max(total_gpus, init_peak[0])
+    memory = max(total_memory, init_peak[1])
     if per_pod.gpus is not None and gpus > per_pod.gpus:
         yield Finding("gpu-quota", f"pod: {gpus} GPUs in all, at most {per_pod.gpus}")
     if per_pod.memory_mib is not None and memory > per_pod.memory_mib:

@@ -18,7 +18,7 @@ import socket
 import ssl
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -323,15 +323,6 @@ async def start(
         shutdown_timeout=config.shutdown_timeout,
         tracer_provider=tracing[1] if tracing else None,
     )
-
-
-@contextlib.asynccontextmanager
-async def running(config: ServerConfig, *, ssl_context: ssl.SSLContext) -> AsyncIterator[Service]:
-    service = await start(config, ssl_context=ssl_context)
-    try:
-        yield service
-    finally:
-        await service.stop()
 
 
 async def serve_forever(

@@ -16,7 +16,6 @@ TEMPLATE_PATHS: Final[Mapping[str, tuple[str, ...]]] = {
     "Job": ("spec", "template"),
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
 }
-WORKLOAD_KINDS: Final = frozenset(TEMPLATE_PATHS)
 
 
 def as_mapping(value: Any) -> Mapping[str, Any]:
