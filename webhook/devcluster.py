@@ -31,7 +31,7 @@ from typing import IO, Any, Final
 import yaml
 from cryptography.hazmat.primitives import serialization
 
-from webhook.tls import generate_ca, generate_serving, write_files
+from webhook.tls import generate_ca, generate_serving, write_atomic, write_files
 
 REPO: Final = Path(__file__).resolve().parent.parent
 
@@ -216,15 +216,14 @@ class DevCluster:
         signer = generate_ca(
             common_name="gpushare dev-cluster service accounts", valid_for=timedelta(days=7)
         )
-        (pki / "sa.key").write_bytes(signer.key_pem())
-        os.chmod(pki / "sa.key", 0o600)
+        write_atomic(pki / "sa.key", signer.key_pem(), mode=0o600)
         (pki / "sa.pub").write_bytes(
             signer.key.public_key().public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
             )
         )
-        (pki / "tokens.csv").write_text(f'{self.token},admin,admin-uid,"system:masters"\n')
-        os.chmod(pki / "tokens.csv", 0o600)
+        tokens = f'{self.token},admin,admin-uid,"system:masters"\n'
+        write_atomic(pki / "tokens.csv", tokens.encode(), mode=0o600)
         etcd = self._spawn(
             "etcd",
             [
@@ -311,9 +310,7 @@ class DevCluster:
 
     def write_kubeconfig(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as handle:
-            yaml.safe_dump(self.kubeconfig(), handle)
+        write_atomic(path, yaml.safe_dump(self.kubeconfig()).encode(), mode=0o600)
 
     def api_client(self) -> Any:
         from kubernetes import client

@@ -303,7 +303,8 @@ def service_dns_names(service: str, namespace: str) -> list[str]:
 # -- files -----------------------------------------------------------------------------
 
 
-def _write_atomic(path: Path, data: bytes, *, mode: int) -> None:
+def write_atomic(path: Path, data: bytes, *, mode: int) -> None:
+    """Replace ``path`` with ``data`` at ``mode``; readers see the old or the new file."""
     # mkstemp creates the file 0600, so a key is never readable by others, not even
     # for the moment before a chmod; rename makes readers see the old or the new file.
     try:
@@ -336,9 +337,9 @@ def write_files(directory: str | os.PathLike[str], *, ca: KeyPair, serving: KeyP
     """Write ``ca.crt``, ``tls.crt`` and ``tls.key`` (mode 0600), each atomically."""
     paths = CertPaths.in_directory(directory)
     _make_directory(Path(directory))
-    _write_atomic(paths.ca_file, ca.cert_pem(), mode=0o644)
-    _write_atomic(paths.key_file, serving.key_pem(), mode=0o600)
-    _write_atomic(paths.cert_file, serving.cert_pem(), mode=0o644)
+    write_atomic(paths.ca_file, ca.cert_pem(), mode=0o644)
+    write_atomic(paths.key_file, serving.key_pem(), mode=0o600)
+    write_atomic(paths.cert_file, serving.cert_pem(), mode=0o644)
     return paths
 
 
