@@ -33,8 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.fixtures import gpu_pod_5k, gpu_pod_20k, json_size, plain_pod_2k  # noqa: E402
-from webhook.admission import Request, decide  # noqa: E402
-from webhook.policy import DEFAULT_POLICY  # noqa: E402
+from webhook.core.decision import Request, decide  # noqa: E402
+from webhook.policies import DEFAULT_POLICY  # noqa: E402
 
 REQUEST = Request(kind="Pod", operation="CREATE", namespace="default")
 

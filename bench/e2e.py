@@ -22,7 +22,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from webhook.devcluster import DevCluster, find_binaries, running  # noqa: E402
+from webhook.dev.cluster import DevCluster, find_binaries, running  # noqa: E402
 
 
 def _pod(name: str) -> dict[str, Any]:

@@ -7,9 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from webhook.tls import generate_ca, generate_serving, write_files
-
-ROOT = Path(__file__).resolve().parent.parent
+from webhook.certs.files import write_files
+from webhook.certs.issue import generate_ca, generate_serving
 
 
 @pytest.fixture(scope="session")

@@ -24,10 +24,10 @@ import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from tests.paths import ROOT
 from webhook.cli import build_parser
-from webhook.manifests import render
+from webhook.install.manifests import render
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCKERFILE = ROOT / "Dockerfile"
 DOCKERIGNORE = ROOT / ".dockerignore"
 REQUIREMENTS = ROOT / "requirements"

@@ -14,9 +14,8 @@ from typing import Any
 
 import pytest
 
-from webhook.devcluster import ClusterError, DevCluster, find_binaries, running
-
-ROOT = Path(__file__).resolve().parent.parent.parent
+from tests.paths import ROOT
+from webhook.dev.cluster import ClusterError, DevCluster, find_binaries, running
 
 
 @pytest.fixture(scope="session")

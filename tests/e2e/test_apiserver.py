@@ -19,13 +19,12 @@ import orjson
 import pytest
 import yaml
 
-from webhook.devcluster import DevCluster, free_port
-from webhook.tls import generate_ca, generate_serving, write_files
+from tests.paths import MANIFESTS, ROOT
+from webhook.certs.files import write_files
+from webhook.certs.issue import generate_ca, generate_serving
+from webhook.dev.cluster import DevCluster, free_port
 
 pytestmark = pytest.mark.e2e
-
-ROOT = Path(__file__).resolve().parent.parent.parent
-MANIFESTS = ROOT / "tests" / "manifests"
 
 
 def _quantities_as_strings(node: Any) -> None:

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 
-pytestmark = pytest.mark.e2e
+from tests.paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent.parent
+pytestmark = pytest.mark.e2e
 
 
 def test_dev_cluster_serves_until_sigterm(bin_dir: Path, tmp_path: Path) -> None:

@@ -25,11 +25,11 @@ from cryptography import x509
 from cryptography.x509 import DNSName
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
-from webhook.devcluster import DevCluster, free_port
-from webhook.lease import read_json
-from webhook.rotation import CA_BUNDLE, CA_CERT, SECRET_KEYS, SERVING_CERT, parse_bundle
-from webhook.selfmanaged import SelfManagedCertificates
-from webhook.tls import CertificateError
+from webhook.certs.lease import read_json
+from webhook.certs.material import CertificateError
+from webhook.certs.rotation import CA_BUNDLE, CA_CERT, SECRET_KEYS, SERVING_CERT, parse_bundle
+from webhook.certs.selfmanaged import SelfManagedCertificates
+from webhook.dev.cluster import DevCluster, free_port
 
 pytestmark = pytest.mark.e2e
 
@@ -453,7 +453,7 @@ async def test_the_install_rbac_is_all_the_mode_needs(
     of the other tests alone."""
     from kubernetes import client
 
-    from webhook import manifests
+    from webhook.install import manifests
 
     objects = manifests.render(overlay="self-managed", namespace=NAMESPACE)
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]

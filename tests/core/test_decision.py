@@ -1,0 +1,600 @@
+"""The decision core on manifests as users write them: modes, mutations and every rule."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import jsonpatch
+import pytest
+import yaml
+
+from tests.paths import EXAMPLES, MANIFESTS
+from webhook.core.decision import Request, decide
+from webhook.core.policy import Policy
+from webhook.core.review import ReviewEntry, review_object
+from webhook.policies import DEFAULT_POLICY, load_policy, parse_policy
+
+
+def manifest(name: str) -> dict[str, Any]:
+    data = yaml.safe_load((MANIFESTS / name).read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def gpu_pod(
+    limits: dict[str, Any] | None = None, *, namespace: str = "ml", **spec: Any
+) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": "main",
+        "image": "cuda:12",
+        "resources": {"limits": limits if limits is not None else {"nvidia.com/gpumem": "3000"}},
+    }
+    pod_spec: dict[str, Any] = {"containers": [container]}
+    pod_spec.update(spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "p", "namespace": namespace},
+        "spec": pod_spec,
+    }
+
+
+def env_of(obj: dict[str, Any], index: int = 0, kind: str = "containers") -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in obj["spec"][kind][index].get("env", [])}
+
+
+def rules_of(entry: ReviewEntry, action: str = "deny") -> set[str]:
+    return {v["rule"] for v in entry["violations"] if v["action"] == action}
+
+
+def policy_with(text: str) -> Policy:
+    return parse_policy(f"apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n{text}")
+
+
+# -- modes and mutations ---------------------------------------------------------------
+
+
+def test_hami_vgpu_pod_gets_its_slice() -> None:
+    entry = review_object(manifest("hami-vgpu-pod.yaml"), DEFAULT_POLICY)
+    assert entry["allowed"]
+    assert entry["mode"] == "vgpu"
+    pod = entry["object"]
+    assert pod["spec"]["schedulerName"] == "hami-scheduler"
+    assert pod["metadata"]["annotations"]["gpushare.io/mode"] == "vgpu"
+    env = env_of(pod)
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert env["LD_PRELOAD"] == "/usr/local/vgpu/libvgpu.so"
+    assert env["CUDA_DEVICE_MEMORY_SHARED_CACHE"].endswith("/ubuntu-container.cache")
+    mounts = {m["mountPath"]: m for m in pod["spec"]["containers"][0]["volumeMounts"]}
+    assert mounts["/usr/local/vgpu/libvgpu.so"]["readOnly"] is True
+    assert "/tmp/vgpulock" in mounts
+    volumes = {v["name"]: v for v in pod["spec"]["volumes"]}
+    assert volumes["gpushare-vgpu-lib"]["hostPath"]["path"] == "/usr/local/vgpu/libvgpu.so"
+    assert volumes["gpushare-vgpu-lock"]["hostPath"]["path"] == "/tmp/vgpulock"
+
+
+def test_mutation_is_idempotent_on_its_own_output() -> None:
+    for name in ("hami-vgpu-pod.yaml", "pytorch-force.yaml", "ack-mps-job.yaml"):
+        entry = review_object(manifest(name), DEFAULT_POLICY)
+        again = review_object(entry["object"], DEFAULT_POLICY)
+        assert entry["patch"], name
+        assert again["patch"] == [], name
+        assert again["allowed"], name
+
+
+def test_patch_applies_to_the_original_object() -> None:
+    original = manifest("pytorch-force.yaml")
+    entry = review_object(copy.deepcopy(original), DEFAULT_POLICY)
+    assert jsonpatch.apply_patch(original, entry["patch"]) == entry["object"]
+
+
+def test_user_preload_and_tightened_policy_are_kept() -> None:
+    entry = review_object(manifest("pytorch-force.yaml"), DEFAULT_POLICY)
+    assert entry["allowed"]
+    trainer = env_of(entry["object"])
+    assert trainer["LD_PRELOAD"] == (
+        "/usr/local/vgpu/libvgpu.so:/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+    )
+    assert trainer["GPU_CORE_UTILIZATION_POLICY"] == "force"
+    assert trainer["NCCL_DEBUG"] == "INFO"
+    assert trainer["CUDA_DEVICE_MEMORY_LIMIT_0"] == "8000m"
+    assert trainer["CUDA_DEVICE_MEMORY_LIMIT_1"] == "8000m"
+    # The init container is mutated too, and gets the implied nvidia.com/gpu: 1.
+    init = entry["object"]["spec"]["initContainers"][0]
+    assert env_of(entry["object"], kind="initContainers")["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1024m"
+    assert init["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    # The container without a GPU request gets nothing.
+    assert "env" not in entry["object"]["spec"]["containers"][1]
+    assert {v["name"] for v in entry["object"]["spec"]["volumes"]} >= {"data", "gpushare-vgpu-lib"}
+
+
+def test_job_with_memory_percentage_leaves_memory_to_the_device_plugin() -> None:
+    entry = review_object(manifest("job-percentage.yaml"), DEFAULT_POLICY)
+    assert entry["allowed"]
+    assert entry["mode"] == "vgpu"
+    assert entry["patch"][0]["path"].startswith("/spec/template/spec/")
+    env = env_of(entry["object"]["spec"]["template"])
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "25"
+    assert not any(name.startswith("CUDA_DEVICE_MEMORY_LIMIT") for name in env)
+    assert entry["object"]["spec"]["template"]["metadata"]["annotations"] == {
+        "gpushare.io/mode": "vgpu"
+    }
+
+
+def test_gpumem_wins_over_percentage_with_a_warning() -> None:
+    pod = gpu_pod({"nvidia.com/gpumem": "2000", "nvidia.com/gpumem-percentage": "50"})
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["allowed"]
+    assert env_of(entry["object"])["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+    assert any("MiB wins" in w for w in entry["warnings"])
+
+
+def test_ack_mps_job_gets_host_ipc_and_pinned_memory_in_mib() -> None:
+    entry = review_object(manifest("ack-mps-job.yaml"), load_policy(EXAMPLES / "ack-mps.yaml"))
+    assert entry["allowed"]
+    assert entry["mode"] == "mps"
+    spec = entry["object"]["spec"]["template"]["spec"]
+    assert spec["hostIPC"] is True
+    assert "schedulerName" not in spec  # the ACK policy keeps the default scheduler
+    env = env_of(entry["object"]["spec"]["template"])
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=7168M"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
+    assert "LD_PRELOAD" not in env
+    assert spec["containers"][0]["volumeMounts"] == [
+        {"name": "gpushare-mps-pipe", "mountPath": "/tmp/nvidia-mps"}
+    ]
+
+
+def test_mps_pod_gets_node_selector_and_thread_percentage() -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4000", "nvidia.com/gpucores": "40"})
+    pod["metadata"]["annotations"] = {"gpushare.io/mode": "mps"}
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["allowed"]
+    assert entry["mode"] == "mps"
+    assert entry["object"]["spec"]["nodeSelector"] == {"ack.node.gpu.schedule": "mps"}
+    env = env_of(entry["object"])
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4000M,1=4000M"
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "40"
+
+
+def test_eks_mig_deployment_is_untouched() -> None:
+    original = manifest("eks-mig-deployment.yaml")
+    entry = review_object(copy.deepcopy(original), DEFAULT_POLICY)
+    assert entry == {**entry, "allowed": True, "mode": "mig", "patch": [], "violations": []}
+    assert entry["object"] == original
+
+
+def test_plain_pod_passes_through() -> None:
+    original = manifest("plain-pod.yaml")
+    entry = review_object(copy.deepcopy(original), DEFAULT_POLICY)
+    assert entry["allowed"]
+    assert entry["mode"] == "none"
+    assert entry["patch"] == []
+    assert entry["object"] == original
+
+
+def test_hami_core_annotation_means_vgpu() -> None:
+    pod = gpu_pod()
+    pod["metadata"]["annotations"] = {"nvidia.com/vgpu-mode": "hami-core"}
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["mode"] == "vgpu"
+    assert entry["allowed"]
+
+
+def test_namespace_mode_and_preload_file() -> None:
+    policy = policy_with("  modes:\n    namespaces: {mps: [mps-team]}\n  vgpu: {preload: file}\n")
+    assert review_object(gpu_pod(namespace="mps-team"), policy)["mode"] == "mps"
+    entry = review_object(gpu_pod(namespace="ml"), policy)
+    assert entry["mode"] == "vgpu"
+    mounts = {m["mountPath"] for m in entry["object"]["spec"]["containers"][0]["volumeMounts"]}
+    assert "/etc/ld.so.preload" in mounts
+    assert "LD_PRELOAD" not in env_of(entry["object"])
+
+
+def test_scheduler_is_overwritten_only_when_default() -> None:
+    entry = review_object(gpu_pod(schedulerName="default-scheduler"), DEFAULT_POLICY)
+    assert entry["object"]["spec"]["schedulerName"] == "hami-scheduler"
+    assert {"op": "replace", "path": "/spec/schedulerName", "value": "hami-scheduler"} in entry[
+        "patch"
+    ]
+
+
+def test_hide_devices_from_other_containers() -> None:
+    pod = gpu_pod()
+    pod["spec"]["containers"].append({"name": "side", "image": "busybox"})
+    entry = review_object(pod, load_policy(EXAMPLES / "strict.yaml"))
+    assert entry["allowed"]
+    assert env_of(entry["object"], 1) == {"NVIDIA_VISIBLE_DEVICES": "none"}
+    assert env_of(entry["object"])["GPU_CORE_UTILIZATION_POLICY"] == "force"
+
+
+def test_annotation_keys_are_escaped_in_pointers() -> None:
+    pod = gpu_pod()
+    pod["metadata"]["annotations"] = {"team": "a"}
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert {
+        "op": "add",
+        "path": "/metadata/annotations/gpushare.io~1mode",
+        "value": "vgpu",
+    } in entry["patch"]
+
+
+# -- rules -----------------------------------------------------------------------------
+
+
+def test_privileged_sidecar_in_gpu_pod() -> None:
+    entry = review_object(manifest("privileged-sidecar.yaml"), DEFAULT_POLICY)
+    assert not entry["allowed"]
+    assert rules_of(entry) == {"privileged-gpu"}
+    assert 'container "sidecar"' in entry["violations"][0]["message"]
+    assert entry["patch"] == []
+
+
+def test_privileged_ephemeral_container_on_update() -> None:
+    pod = gpu_pod(nodeName="node-1")
+    pod["spec"]["ephemeralContainers"] = [
+        {"name": "debug", "image": "busybox", "securityContext": {"privileged": True}}
+    ]
+    entry = review_object(pod, DEFAULT_POLICY, operation="UPDATE")
+    # nodeName on a running pod is the scheduler's doing: only the privileged debugger counts.
+    assert rules_of(entry) == {"privileged-gpu"}
+
+
+def test_node_name_pinning() -> None:
+    entry = review_object(gpu_pod(nodeName="gpu-node-3"), DEFAULT_POLICY)
+    assert rules_of(entry) == {"node-name-pinning"}
+    assert "gpu-node-3" in entry["violations"][0]["message"]
+    plain = manifest("plain-pod.yaml")
+    plain["spec"]["nodeName"] = "n"
+    assert review_object(plain, DEFAULT_POLICY)["allowed"]
+
+
+@pytest.mark.parametrize(
+    ("value", "denied"),
+    [
+        ("all", True),
+        ("0,1", True),
+        ("GPU-1234", True),
+        ("none", False),
+        ("void", False),
+        ("", False),
+    ],
+)
+def test_raw_visible_devices(value: str, denied: bool) -> None:
+    pod = manifest("plain-pod.yaml")
+    pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": value}]
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert (rules_of(entry) == {"raw-visible-devices"}) is denied
+    assert entry["allowed"] is not denied
+
+
+def test_raw_visible_devices_from_value_from() -> None:
+    entry = review_object(manifest("visible-devices-all.yaml"), DEFAULT_POLICY)
+    assert rules_of(entry) == {"raw-visible-devices"}
+    pod = manifest("plain-pod.yaml")
+    pod["spec"]["containers"][0]["env"] = [
+        {
+            "name": "NVIDIA_VISIBLE_DEVICES",
+            "valueFrom": {"configMapKeyRef": {"name": "x", "key": "y"}},
+        }
+    ]
+    assert "valueFrom" in review_object(pod, DEFAULT_POLICY)["violations"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    "path", ["/dev/nvidia0", "/dev", "/run/nvidia/driver", "/usr/local/vgpu", "/tmp/vgpulock", "/"]
+)
+def test_host_device_access(path: str) -> None:
+    pod = manifest("plain-pod.yaml")
+    pod["spec"]["volumes"] = [{"name": "dev", "hostPath": {"path": path}}]
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert rules_of(entry) == {"host-device-access"}
+
+
+def test_host_path_elsewhere_and_injected_volumes_are_fine() -> None:
+    pod = manifest("plain-pod.yaml")
+    pod["spec"]["volumes"] = [{"name": "logs", "hostPath": {"path": "/var/log"}}]
+    assert review_object(pod, DEFAULT_POLICY)["allowed"]
+    mutated = review_object(manifest("hami-vgpu-pod.yaml"), DEFAULT_POLICY)["object"]
+    assert decide(mutated, Request(kind="Pod"), DEFAULT_POLICY, phase="validate").violations == []
+    # The same injected volume on a pod that shares no GPU is access, not mutation.
+    plain = manifest("plain-pod.yaml")
+    plain["spec"]["volumes"] = mutated["spec"]["volumes"]
+    assert rules_of(review_object(plain, DEFAULT_POLICY)) == {"host-device-access"}
+
+
+def test_cdi_annotation_naming_nvidia_devices() -> None:
+    pod = manifest("plain-pod.yaml")
+    pod["metadata"]["annotations"] = {"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}
+    assert rules_of(review_object(pod, DEFAULT_POLICY)) == {"host-device-access"}
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("CUDA_DISABLE_CONTROL", "true"), ("GPU_CORE_UTILIZATION_POLICY", "disable")],
+)
+def test_limit_tampering_is_denied(name: str, value: str) -> None:
+    pod = gpu_pod()
+    pod["spec"]["containers"][0]["env"] = [{"name": name, "value": value}]
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert rules_of(entry) == {"limit-tampering"}
+    assert name in entry["violations"][0]["message"]
+
+
+def test_disable_utilization_policy_when_the_policy_allows_it() -> None:
+    pod = gpu_pod()
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "disable"}
+    ]
+    policy = policy_with("  vgpu: {allowDisableCoreUtilizationPolicy: true}\n")
+    assert review_object(pod, policy)["allowed"]
+
+
+def test_user_limits_are_overwritten_with_a_warning() -> None:
+    pod = gpu_pod({"nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"})
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "80000m"},
+        {"name": "CUDA_DEVICE_MEMORY_LIMIT", "value": "80g"},
+        {"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"},
+    ]
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["allowed"]
+    assert rules_of(entry, "warn") == {"limit-tampering"}
+    env = env_of(entry["object"])
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+    assert env["CUDA_DEVICE_SM_LIMIT"] == "30"
+    assert "CUDA_DEVICE_MEMORY_LIMIT" not in env
+    assert all(len(w) <= 120 for w in entry["warnings"])
+
+
+def test_validation_denies_limits_above_the_request() -> None:
+    mutated = review_object(manifest("hami-vgpu-pod.yaml"), DEFAULT_POLICY)["object"]
+    env = mutated["spec"]["containers"][0]["env"]
+    for item in env:
+        if item["name"] == "CUDA_DEVICE_MEMORY_LIMIT_0":
+            item["value"] = "40g"
+    decision = decide(mutated, Request(kind="Pod"), DEFAULT_POLICY, phase="validate")
+    assert not decision.allowed
+    assert {v["rule"] for v in decision.violations} == {"limit-tampering", "unmutated-gpu-pod"}
+
+
+@pytest.mark.parametrize(
+    ("limits", "fragment"),
+    [
+        ({"nvidia.com/gpumem": "3Gi"}, 'write "3072"'),
+        ({"nvidia.com/gpumem": "3G"}, 'bytes? write "2861"'),
+        ({"nvidia.com/gpumem": "1M"}, "must be 1..524288 MiB"),
+        ({"nvidia.com/gpumem": "0"}, "1..524288"),
+        ({"nvidia.com/gpumem": "3221225472"}, 'bytes? write "3072"'),
+        ({"nvidia.com/gpucores": "1Ki"}, "without a suffix"),
+        ({"nvidia.com/gpucores": "150"}, "1..100"),
+        ({"nvidia.com/gpumem-percentage": "0"}, "1..100"),
+        ({"nvidia.com/gpu": "0.5"}, "whole number"),
+        ({"nvidia.com/gpu": "500m"}, "whole number"),
+        ({"nvidia.com/gpumem": "lots"}, "not a quantity"),
+        ({"aliyun.com/gpu-mem": "7Gi"}, "GiB as a plain integer"),
+        ({"nvidia.com/gpumem": "1000", "volcano.sh/vgpu-memory": "1000"}, "memory twice"),
+    ],
+)
+def test_invalid_gpu_request(limits: dict[str, str], fragment: str) -> None:
+    entry = review_object(gpu_pod(limits), DEFAULT_POLICY)
+    assert rules_of(entry) == {"invalid-gpu-request"}
+    assert fragment in entry["violations"][0]["message"]
+
+
+def test_canonical_quantities_from_the_apiserver_are_plain_numbers() -> None:
+    # The apiserver stores `gpumem: 3000` as "3k" and `gpucores: 100` as "100".
+    pod = gpu_pod({"nvidia.com/gpumem": "3k", "nvidia.com/gpucores": "100"})
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["allowed"]
+    assert env_of(entry["object"])["CUDA_DEVICE_MEMORY_LIMIT_0"] == "3000m"
+
+
+def test_requests_must_equal_limits() -> None:
+    pod = gpu_pod({"nvidia.com/gpumem": "3000"})
+    pod["spec"]["containers"][0]["resources"]["requests"] = {"nvidia.com/gpumem": "2000"}
+    assert rules_of(review_object(pod, DEFAULT_POLICY)) == {"invalid-gpu-request"}
+    only_requests = gpu_pod({})
+    only_requests["spec"]["containers"][0]["resources"] = {"requests": {"nvidia.com/gpumem": "10"}}
+    entry = review_object(only_requests, DEFAULT_POLICY)
+    assert "set it in limits" in entry["violations"][0]["message"]
+
+
+@pytest.mark.parametrize(
+    ("annotation", "limits"),
+    [
+        ("mig", {"nvidia.com/gpumem": "1000"}),
+        ("vgpu", {"nvidia.com/mig-1g.5gb": "1"}),
+        ("turbo", {"nvidia.com/gpumem": "1000"}),
+        (None, {"nvidia.com/mig-1g.5gb": "1", "nvidia.com/gpumem": "1000"}),
+    ],
+)
+def test_mode_conflict(annotation: str | None, limits: dict[str, str]) -> None:
+    pod = gpu_pod(limits)
+    if annotation:
+        pod["metadata"]["annotations"] = {"gpushare.io/mode": annotation}
+    assert "mode-conflict" in rules_of(review_object(pod, DEFAULT_POLICY))
+
+
+def test_mps_restricted_to_namespaces_in_strict_policy() -> None:
+    strict = load_policy(EXAMPLES / "strict.yaml")
+    pod = gpu_pod(namespace="ml", nodeSelector={"ack.node.gpu.schedule": "mps"})
+    entry = review_object(pod, strict)
+    assert rules_of(entry) == {"mode-conflict"}
+    assert "may not use mode mps" in entry["violations"][0]["message"]
+    assert review_object(
+        gpu_pod(namespace="gpu-mps-a", nodeSelector={"ack.node.gpu.schedule": "mps"}), strict
+    )["allowed"]
+
+
+def test_vgpu_annotation_on_mps_nodes_conflicts() -> None:
+    pod = gpu_pod(nodeSelector={"ack.node.gpu.schedule": "mps"})
+    pod["metadata"]["annotations"] = {"gpushare.io/mode": "vgpu"}
+    assert rules_of(review_object(pod, DEFAULT_POLICY)) == {"mode-conflict"}
+
+
+def test_gpu_quota_per_container_and_per_pod() -> None:
+    strict = load_policy(EXAMPLES / "strict.yaml")
+    big = gpu_pod({"nvidia.com/gpu": "3", "nvidia.com/gpumem": "1000"})
+    assert rules_of(review_object(big, strict)) == {"gpu-quota"}
+    pod = gpu_pod({"nvidia.com/gpumem": "30000"})
+    for name in ("b", "c"):
+        pod["spec"]["containers"].append(
+            copy.deepcopy(pod["spec"]["containers"][0]) | {"name": name}
+        )
+    entry = review_object(pod, strict)
+    assert [v["message"] for v in entry["violations"]] == [
+        "pod: 90000 MiB of GPU memory in all, at most 81920"
+    ]
+    # Off in the default policy.
+    assert review_object(big, DEFAULT_POLICY)["allowed"]
+
+
+def test_init_containers_count_by_peak_not_sum() -> None:
+    policy = policy_with("  rules: {gpu-quota: deny}\n  limits: {perPod: {memoryMiB: 5000}}\n")
+    pod = gpu_pod({"nvidia.com/gpumem": "4000"})
+    pod["spec"]["initContainers"] = [
+        {"name": f"init{i}", "image": "x", "resources": {"limits": {"nvidia.com/gpumem": "4000"}}}
+        for i in range(3)
+    ]
+    assert review_object(pod, policy)["allowed"]
+
+
+def test_scheduler_bypass() -> None:
+    entry = review_object(gpu_pod(schedulerName="my-scheduler"), DEFAULT_POLICY)
+    assert rules_of(entry) == {"scheduler-bypass"}
+    allowed = policy_with("  allowedSchedulers: [my-scheduler]\n")
+    assert review_object(gpu_pod(schedulerName="my-scheduler"), allowed)["allowed"]
+
+
+def test_forged_allocation_even_with_another_scheduler() -> None:
+    pod = gpu_pod(schedulerName="my-scheduler")
+    pod["metadata"]["annotations"] = {"hami.io/vgpu-devices-to-allocate": "GPU-1,NVIDIA,1000,30:;"}
+    assert rules_of(review_object(pod, DEFAULT_POLICY)) == {"scheduler-bypass", "forged-allocation"}
+
+
+def test_unmutated_gpu_pod_only_at_validation() -> None:
+    pod = manifest("hami-vgpu-pod.yaml")
+    request = Request(kind="Pod", namespace="ml")
+    assert decide(pod, request, DEFAULT_POLICY, phase="mutate").allowed
+    validated = decide(pod, request, DEFAULT_POLICY, phase="validate")
+    assert [v["rule"] for v in validated.violations] == ["unmutated-gpu-pod"]
+    assert "mutating webhook" in validated.message()
+
+
+# -- actions and exemptions ------------------------------------------------------------
+
+
+def test_audit_only_policy_never_denies_but_records() -> None:
+    audit = load_policy(EXAMPLES / "audit-only.yaml")
+    entry = review_object(manifest("privileged-sidecar.yaml"), audit)
+    assert entry["allowed"]
+    assert rules_of(entry, "audit") == {"privileged-gpu"}
+    assert entry["warnings"] == []
+
+
+def test_warn_action_produces_a_short_warning() -> None:
+    policy = policy_with("  rules: {node-name-pinning: warn}\n")
+    entry = review_object(gpu_pod(nodeName="n1"), policy)
+    assert entry["allowed"]
+    assert entry["warnings"]
+    assert entry["warnings"][0].startswith("node-name-pinning: ")
+    assert all(len(w) <= 120 for w in entry["warnings"])
+
+
+def test_off_action_drops_the_rule() -> None:
+    policy = policy_with("  rules: {privileged-gpu: off}\n")
+    entry = review_object(manifest("privileged-sidecar.yaml"), policy)
+    assert entry["allowed"]
+    assert entry["violations"] == []
+
+
+@pytest.mark.parametrize(
+    ("exemption", "kwargs"),
+    [
+        ("namespaces: [ml]", {}),
+        ("users: [alice]", {"username": "alice"}),
+        ("groups: [gpu-admins]", {"groups": ["gpu-admins"]}),
+        ("serviceAccounts: [ml/trainer]", {"username": "system:serviceaccount:ml:trainer"}),
+    ],
+)
+def test_exemptions(exemption: str, kwargs: dict[str, Any]) -> None:
+    policy = policy_with(f"  exemptions: {{{exemption}}}\n")
+    entry = review_object(manifest("privileged-sidecar.yaml"), policy, **kwargs)
+    assert entry["allowed"]
+    assert entry["patch"] == []
+    other = review_object(
+        manifest("privileged-sidecar.yaml"), policy, namespace="team", username="bob"
+    )
+    assert not other["allowed"]
+
+
+def test_labels_cannot_opt_out() -> None:
+    pod = manifest("privileged-sidecar.yaml")
+    pod["metadata"]["labels"] = {
+        "gpushare.io/exempt": "true",
+        "admission.gatekeeper.sh/ignore": "1",
+    }
+    assert not review_object(pod, DEFAULT_POLICY)["allowed"]
+
+
+def test_workload_templates_are_validated() -> None:
+    deployment = manifest("eks-mig-deployment.yaml")
+    deployment["spec"]["template"]["spec"]["containers"][0]["securityContext"] = {
+        "privileged": True
+    }
+    entry = review_object(deployment, DEFAULT_POLICY, operation="UPDATE")
+    assert rules_of(entry) == {"privileged-gpu"}
+
+
+@pytest.mark.parametrize("kind", ["StatefulSet", "DaemonSet", "ReplicaSet", "Job"])
+def test_every_workload_kind_is_mutated(kind: str) -> None:
+    pod = manifest("hami-vgpu-pod.yaml")
+    workload = {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "metadata": {"name": "w", "namespace": "ml"},
+        "spec": {"template": {"metadata": {"labels": {"a": "b"}}, "spec": pod["spec"]}},
+    }
+    entry = review_object(workload, DEFAULT_POLICY)
+    assert entry["allowed"]
+    assert entry["patch"]
+    assert all(op["path"].startswith("/spec/template/") for op in entry["patch"])
+
+
+def test_cronjob_template_is_mutated() -> None:
+    pod = manifest("hami-vgpu-pod.yaml")
+    cron = {
+        "apiVersion": "batch/v1",
+        "kind": "CronJob",
+        "metadata": {"name": "c"},
+        "spec": {
+            "schedule": "* * * * *",
+            "jobTemplate": {"spec": {"template": {"spec": pod["spec"]}}},
+        },
+    }
+    entry = review_object(cron, DEFAULT_POLICY)
+    assert entry["allowed"]
+    assert all(op["path"].startswith("/spec/jobTemplate/spec/template/") for op in entry["patch"])
+    assert review_object(entry["object"], DEFAULT_POLICY)["patch"] == []
+
+
+def test_non_pod_objects_pass_through() -> None:
+    service = {"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": {}}
+    entry = review_object(service, DEFAULT_POLICY)
+    assert entry["allowed"]
+    assert entry["patch"] == []
+    assert entry["mode"] == "none"
+
+
+def test_delete_is_not_evaluated() -> None:
+    decision = decide(
+        manifest("privileged-sidecar.yaml"),
+        Request(kind="Pod", operation="DELETE"),
+        DEFAULT_POLICY,
+        phase="validate",
+    )
+    assert decision.allowed
+    assert decision.violations == []

@@ -1,0 +1,129 @@
+"""``review`` and ``lint``: a policy tried on manifests offline, and policy files checked."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any, TextIO
+
+import orjson
+import yaml
+
+from webhook.cli.common import EXIT_DENIED, EXIT_OK, Commands, UsageError
+from webhook.core.policy import PolicyError
+from webhook.core.review import ReviewEntry, review_object
+from webhook.policies import load_policy
+
+
+def _read_text(path: str, stdin: TextIO) -> str:
+    if path == "-":
+        return stdin.read()
+    try:
+        return Path(path).read_text("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read: {exc}") from None
+
+
+def read_manifests(paths: Sequence[str], stdin: TextIO) -> Iterator[dict[str, Any]]:
+    """Every object of every (multi-document YAML or JSON) file; ``List`` kinds expanded."""
+    for path in paths:
+        text = _read_text(path, stdin)
+        try:
+            documents = list(yaml.safe_load_all(text))
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f" line {mark.line + 1}" if mark is not None else ""
+            raise UsageError(f"{path}:{where} not valid YAML or JSON") from None
+        for number, document in enumerate(documents, 1):
+            if document is None:
+                continue
+            if not isinstance(document, dict) or not isinstance(document.get("kind"), str):
+                raise UsageError(f"{path}: document {number} is not a Kubernetes object (no kind)")
+            if document["kind"].endswith("List") and isinstance(document.get("items"), list):
+                for item in document["items"]:
+                    if isinstance(item, dict) and isinstance(item.get("kind"), str):
+                        yield item
+                    else:
+                        raise UsageError(f"{path}: document {number} has an item with no kind")
+                continue
+            yield document
+
+
+def _text_report(entries: Sequence[ReviewEntry]) -> str:
+    lines = []
+    for entry in entries:
+        verdict = "ALLOWED" if entry["allowed"] else "DENIED"
+        where = f"{entry['namespace']}/{entry['name']}" if entry["namespace"] else entry["name"]
+        lines.append(
+            f"{entry['kind']} {where}: {verdict}  mode={entry['mode']}  "
+            f"patch={len(entry['patch'])} ops"
+        )
+        for violation in entry["violations"]:
+            lines.append(f"  {violation['action']:<5} {violation['rule']}: {violation['message']}")
+        for warning in entry["warnings"]:
+            if not any(warning.endswith(v["message"]) for v in entry["violations"]):
+                lines.append(f"  note  {warning}")
+        for op in entry["patch"]:
+            value = orjson.dumps(op.get("value")).decode() if "value" in op else ""
+            lines.append(f"  patch {op['op']} {op['path']} {value}".rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def command_review(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
+    policy = load_policy(args.policy)
+    entries = [
+        review_object(
+            obj,
+            policy,
+            namespace=args.namespace,
+            username=args.user or "",
+            groups=args.group or (),
+            operation=args.operation,
+        )
+        for obj in read_manifests(args.file, stdin)
+    ]
+    if args.output == "json":
+        stdout.write(orjson.dumps(entries, option=orjson.OPT_INDENT_2).decode() + "\n")
+    elif args.output == "yaml":
+        stdout.write(yaml.safe_dump(orjson.loads(orjson.dumps(entries)), sort_keys=False))
+    else:
+        stdout.write(_text_report(entries))
+    return EXIT_OK if all(e["allowed"] for e in entries) else EXIT_DENIED
+
+
+def command_lint(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
+    status = EXIT_OK
+    for path in args.files:
+        try:
+            policy = load_policy(path)
+        except PolicyError as exc:
+            status = EXIT_DENIED
+            for error in exc.errors:
+                sys.stderr.write(f"{path}: {error}\n")
+            continue
+        stdout.write(f"{path}: ok (policy {policy.name}, hash {policy.digest})\n")
+    return status
+
+
+def register(commands: Commands) -> None:
+    review = commands.add_parser(
+        "review", help="run manifests through mutation and validation offline"
+    )
+    review.add_argument(
+        "-f", "--file", action="append", required=True, help="YAML/JSON file, - for stdin"
+    )
+    review.add_argument("--policy", help="policy file (default: the bundled default policy)")
+    review.add_argument("-o", "--output", choices=["json", "yaml", "text"], default="text")
+    review.add_argument("--namespace", help="namespace to review in (default: the object's)")
+    review.add_argument("--user", help="requesting user, to test exemptions")
+    review.add_argument("--group", action="append", help="requesting user's group (repeatable)")
+    review.add_argument(
+        "--operation", choices=["CREATE", "UPDATE"], default="CREATE", help="admission operation"
+    )
+    review.set_defaults(handler=command_review)
+
+    lint = commands.add_parser("lint", help="validate policy files")
+    lint.add_argument("files", nargs="+", metavar="FILE")
+    lint.set_defaults(handler=command_lint)

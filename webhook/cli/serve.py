@@ -1,0 +1,122 @@
+"""``serve``: the HTTPS admission service."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from typing import TYPE_CHECKING, TextIO
+
+from webhook.cli.common import Commands, UsageError
+
+if TYPE_CHECKING:
+    from webhook.certs.selfmanaged import SelfManagedConfig
+
+
+_SELF_MANAGED_OPTIONS = ("namespace", "service", "secret", "webhook_config", "kubeconfig")
+
+
+def _self_managed(args: argparse.Namespace) -> SelfManagedConfig | None:
+    given = {name: getattr(args, name) for name in _SELF_MANAGED_OPTIONS}
+    given = {name: value for name, value in given.items() if value is not None}
+    if not args.self_managed:
+        if given:
+            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            raise UsageError(f"{flags}: only with --self-managed")
+        return None
+    if args.tls_cert or args.tls_key:
+        raise UsageError("--self-managed issues its own certificate: drop --tls-cert/--tls-key")
+    if not args.namespace:
+        raise UsageError("--self-managed needs --namespace (where the Service and Secret live)")
+    # Imported here: it loads the kubernetes client.
+    from webhook.certs.issue import service_dns_names
+    from webhook.certs.selfmanaged import SelfManagedConfig
+
+    config = SelfManagedConfig(**given)
+    try:
+        service_dns_names(config.service, config.namespace)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return config
+
+
+def command_serve(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
+    # The server stack is imported here so review and lint start fast.
+    from webhook.certs.material import CertificateError
+    from webhook.service.process import LOG_FORMAT, ServerConfig, run
+
+    logging.basicConfig(level=args.log_level, stream=sys.stderr, format=LOG_FORMAT)
+    if args.workers < 1:
+        raise UsageError("--workers must be at least 1")
+    self_managed = _self_managed(args)
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        health_port=args.health_port,
+        policy=args.policy,
+        cert_dir=args.cert_dir,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        client_ca=args.client_ca,
+        audit_log=args.audit_log,
+        audit_max_bytes=args.audit_max_bytes,
+        workers=args.workers,
+        sans=args.san,
+        self_managed=self_managed,
+    )
+    try:
+        return run(config)
+    except CertificateError as exc:
+        raise UsageError(str(exc)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot serve: {exc}") from None
+
+
+def register(commands: Commands) -> None:
+    serve = commands.add_parser("serve", help="run the HTTPS admission service")
+    serve.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")  # noqa: S104
+    serve.add_argument("--port", type=int, default=8443, help="HTTPS port (default 8443)")
+    serve.add_argument(
+        "--health-port", type=int, default=8080, help="plain HTTP /healthz /readyz /metrics"
+    )
+    serve.add_argument("--policy", help="policy file, watched for changes (default: bundled)")
+    serve.add_argument(
+        "--cert-dir",
+        default="certs",
+        help="where development certificates are generated when no --tls-cert is given, "
+        "or where --self-managed writes its pair (must be writable)",
+    )
+    serve.add_argument("--tls-cert", help="serving certificate (PEM), reloaded when it changes")
+    serve.add_argument("--tls-key", help="its private key (PEM)")
+    serve.add_argument("--client-ca", help="require client certificates signed by this CA")
+    serve.add_argument(
+        "--san",
+        action="append",
+        default=[],
+        help="extra DNS name or IP for the development certificate (repeatable)",
+    )
+    serve.add_argument("--audit-log", default="-", help="- for stdout (default) or a file")
+    serve.add_argument(
+        "--audit-max-bytes", type=int, default=100 << 20, help="rotate the audit file at this size"
+    )
+    serve.add_argument("--workers", type=int, default=1, help="processes sharing the port")
+    serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    managed = serve.add_argument_group(
+        "self-managed certificates",
+        "keep a CA and serving certificate in a Secret, renew them and write the caBundle "
+        "into the webhook configurations; one replica at a time (a Lease) does the writing",
+    )
+    managed.add_argument("--self-managed", action="store_true", help="turn this mode on")
+    managed.add_argument("--namespace", help="namespace of the Service, Secret and Lease")
+    managed.add_argument("--service", help="the webhook's Service (default gpushare-webhook)")
+    managed.add_argument("--secret", help="the Secret (default gpushare-webhook-tls)")
+    managed.add_argument(
+        "--webhook-config",
+        help="name of the Mutating and ValidatingWebhookConfiguration (default gpushare-webhook)",
+    )
+    managed.add_argument(
+        "--kubeconfig",
+        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG "
+        "or ~/.kube/config)",
+    )
+    serve.set_defaults(handler=command_serve)

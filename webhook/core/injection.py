@@ -1,0 +1,88 @@
+"""What the webhook injects into a GPU-sharing pod: names, paths and the volumes themselves.
+
+The mutation adds these and the rules allow them (and only them), so both read the
+vocabulary from here and neither imports the other.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from webhook.core.policy import Mode, Policy
+
+LIBRARY_PATH: Final = "/usr/local/vgpu/libvgpu.so"  # HAMi-core hard-codes it for its dlsym hook
+PRELOAD_FILE: Final = "/etc/ld.so.preload"
+CACHE_DIR: Final = "/usr/local/vgpu/cache"
+MODE_ANNOTATION: Final = "gpushare.io/mode"
+
+VOLUME_LIBRARY: Final = "gpushare-vgpu-lib"
+VOLUME_LOCK: Final = "gpushare-vgpu-lock"
+VOLUME_CACHE: Final = "gpushare-vgpu-cache"
+VOLUME_PRELOAD: Final = "gpushare-vgpu-preload"
+VOLUME_MPS_PIPE: Final = "gpushare-mps-pipe"
+
+# Env vars that limit a container: any user value is replaced or removed by the mutation.
+VGPU_LIMIT_PREFIXES: Final = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
+MPS_LIMIT_VARS: Final = ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+
+
+@dataclass(frozen=True, slots=True)
+class Injection:
+    """The pod volumes and per-container mounts of one mode under one policy."""
+
+    volumes: tuple[dict[str, Any], ...] = ()
+    mounts: tuple[dict[str, Any], ...] = ()
+
+    def allows(self, volume: Mapping[str, Any]) -> bool:
+        """``volume`` is exactly one the mutation injects."""
+        return any(same_volume(volume, injected) for injected in self.volumes)
+
+
+NOTHING: Final = Injection()
+
+
+def injection_for(mode: Mode, policy: Policy) -> Injection:
+    """What the mutation injects for ``mode``; :data:`NOTHING` for mig and none."""
+    if mode == "vgpu":
+        volumes: list[dict[str, Any]] = [
+            {
+                "name": VOLUME_LIBRARY,
+                "hostPath": {"path": policy.library_host_path, "type": "File"},
+            },
+            {
+                "name": VOLUME_LOCK,
+                "hostPath": {"path": policy.lock_host_path, "type": "DirectoryOrCreate"},
+            },
+            {"name": VOLUME_CACHE, "emptyDir": {}},
+        ]
+        mounts: list[dict[str, Any]] = [
+            {"name": VOLUME_LIBRARY, "mountPath": LIBRARY_PATH, "readOnly": True},
+            {"name": VOLUME_LOCK, "mountPath": policy.lock_host_path},
+            {"name": VOLUME_CACHE, "mountPath": CACHE_DIR},
+        ]
+        if policy.preload == "file":
+            volumes.append(
+                {
+                    "name": VOLUME_PRELOAD,
+                    "hostPath": {"path": policy.preload_host_path, "type": "File"},
+                }
+            )
+            mounts.append({"name": VOLUME_PRELOAD, "mountPath": PRELOAD_FILE, "readOnly": True})
+        return Injection(volumes=tuple(volumes), mounts=tuple(mounts))
+    if mode == "mps":
+        return Injection(
+            volumes=(
+                {
+                    "name": VOLUME_MPS_PIPE,
+                    "hostPath": {"path": policy.mps_pipe_directory, "type": "DirectoryOrCreate"},
+                },
+            ),
+            mounts=({"name": VOLUME_MPS_PIPE, "mountPath": policy.mps_pipe_directory},),
+        )
+    return NOTHING
+
+
+def same_volume(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
+    return dict(have) == want

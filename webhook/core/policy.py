@@ -1,0 +1,441 @@
+"""GPUSharePolicy: schema validation with line numbers, and the compiled form.
+
+The compiled :class:`Policy` is immutable and holds precomputed lookup sets so the
+decision core never re-reads the YAML tree per request. This module takes text or a
+mapping; reading policy files is :mod:`webhook.policies`' job.
+"""
+
+from __future__ import annotations
+
+import copy
+import fnmatch
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal, cast
+
+import jsonschema
+import yaml
+
+API_VERSION: Final = "gpushare.io/v1alpha1"
+KIND: Final = "GPUSharePolicy"
+
+RULE_IDS: Final = (
+    "privileged-gpu",
+    "node-name-pinning",
+    "raw-visible-devices",
+    "host-device-access",
+    "limit-tampering",
+    "invalid-gpu-request",
+    "mode-conflict",
+    "gpu-quota",
+    "scheduler-bypass",
+    "forged-allocation",
+    "unmutated-gpu-pod",
+)
+MODES: Final = ("vgpu", "mps", "mig")
+ACTIONS: Final = ("deny", "warn", "audit", "off")
+
+Action = Literal["deny", "warn", "audit", "off"]
+Mode = Literal["vgpu", "mps", "mig", "none"]
+
+_STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1}}
+_ABS_PATH = {"type": "string", "pattern": "^/"}
+_MAXIMA = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "gpus": {"type": "integer", "minimum": 1},
+        "memoryMiB": {"type": "integer", "minimum": 1},
+        "cores": {"type": "integer", "minimum": 1},
+    },
+}
+
+SCHEMA: Final[dict[str, Any]] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["apiVersion", "kind"],
+    "properties": {
+        "apiVersion": {"const": API_VERSION},
+        "kind": {"const": KIND},
+        "metadata": {"type": "object"},
+        "spec": {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "schedulerName": {"type": "string", "minLength": 1},
+                "allowedSchedulers": _STRINGS,
+                "onError": {"enum": ["deny", "allow"]},
+                "resources": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": dict.fromkeys(
+                        (
+                            "count",
+                            "memoryMiB",
+                            "memoryGiB",
+                            "memoryPercentage",
+                            "cores",
+                            "priority",
+                            "migPrefixes",
+                        ),
+                        _STRINGS,
+                    ),
+                },
+                "modes": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "default": {"enum": [*MODES, "none"]},
+                        "annotations": _STRINGS,
+                        "nodeSelectors": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["key", "value", "mode"],
+                                "properties": {
+                                    "key": {"type": "string", "minLength": 1},
+                                    "value": {"type": "string"},
+                                    "mode": {"enum": list(MODES)},
+                                },
+                            },
+                        },
+                        "namespaces": {
+                            "type": "object",
+                            "propertyNames": {"enum": list(MODES)},
+                            "additionalProperties": _STRINGS,
+                        },
+                        "allowedNamespaces": {
+                            "type": "object",
+                            "propertyNames": {"enum": list(MODES)},
+                            "additionalProperties": _STRINGS,
+                        },
+                    },
+                },
+                "vgpu": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "preload": {"enum": ["env", "file"]},
+                        "libraryHostPath": _ABS_PATH,
+                        "preloadHostPath": _ABS_PATH,
+                        "lockHostPath": _ABS_PATH,
+                        "coreUtilizationPolicy": {"enum": ["default", "force"]},
+                        "allowDisableCoreUtilizationPolicy": {"type": "boolean"},
+                        "hideDevicesFromOtherContainers": {"type": "boolean"},
+                    },
+                },
+                "mps": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "pipeDirectory": _ABS_PATH,
+                        "nodeSelector": {
+                            "type": "object",
+                            "additionalProperties": {"type": "string"},
+                        },
+                    },
+                },
+                "rules": {
+                    "type": "object",
+                    "propertyNames": {"enum": list(RULE_IDS)},
+                    "additionalProperties": {"enum": list(ACTIONS)},
+                },
+                "reservedAnnotations": _STRINGS,
+                "exemptions": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "namespaces": _STRINGS,
+                        "users": _STRINGS,
+                        "groups": _STRINGS,
+                        "serviceAccounts": {
+                            "type": "array",
+                            "items": {"type": "string", "pattern": "^[^/]+/[^/]+$"},
+                        },
+                    },
+                },
+                "limits": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"perContainer": _MAXIMA, "perPod": _MAXIMA},
+                },
+            },
+        },
+    },
+}
+_VALIDATOR = jsonschema.Draft202012Validator(SCHEMA)
+
+
+class PolicyError(Exception):
+    """A policy that cannot be used. ``errors`` holds one line per problem."""
+
+    def __init__(self, source: str, errors: list[str]) -> None:
+        self.source = source
+        self.errors = errors
+        super().__init__(f"{source}: invalid policy: " + "; ".join(errors))
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSelectorMode:
+    key: str
+    value: str
+    mode: Mode
+
+
+@dataclass(frozen=True, slots=True)
+class Maxima:
+    gpus: int | None = None
+    memory_mib: int | None = None
+    cores: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """A validated policy, compiled for fast lookups."""
+
+    name: str
+    digest: str
+    scheduler_name: str
+    allowed_schedulers: frozenset[str]
+    on_error: Literal["deny", "allow"]
+    count_resources: frozenset[str]
+    memory_mib_resources: frozenset[str]
+    memory_gib_resources: frozenset[str]
+    memory_percentage_resources: frozenset[str]
+    cores_resources: frozenset[str]
+    priority_resources: frozenset[str]
+    mig_prefixes: tuple[str, ...]
+    default_mode: Mode
+    mode_annotations: tuple[str, ...]
+    node_selector_modes: tuple[NodeSelectorMode, ...]
+    namespace_modes: Mapping[str, tuple[str, ...]]
+    allowed_namespaces: Mapping[str, tuple[str, ...]]
+    preload: Literal["env", "file"]
+    library_host_path: str
+    preload_host_path: str
+    lock_host_path: str
+    core_utilization_policy: Literal["default", "force"]
+    allow_disable_core_utilization_policy: bool
+    hide_devices_from_other_containers: bool
+    mps_pipe_directory: str
+    mps_node_selector: Mapping[str, str]
+    actions: Mapping[str, Action]
+    reserved_annotations: tuple[str, ...]
+    exempt_namespaces: tuple[str, ...]
+    exempt_users: frozenset[str]
+    exempt_groups: frozenset[str]
+    exempt_service_accounts: frozenset[str]
+    container_maxima: Maxima
+    pod_maxima: Maxima
+    spec: Mapping[str, Any] = field(repr=False, compare=False)
+    gpu_resources: frozenset[str] = field(init=False, repr=False, compare=False)
+    # reserved_annotations as one compiled pattern: a glob match per key and pattern
+    # (fnmatch) costs microseconds on every request.
+    reserved_pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(
+            self,
+            "gpu_resources",
+            self.count_resources
+            | self.memory_mib_resources
+            | self.memory_gib_resources
+            | self.memory_percentage_resources
+            | self.cores_resources
+            | self.priority_resources,
+        )
+        globs = [fnmatch.translate(p) for p in self.reserved_annotations] or ["(?!)"]
+        object.__setattr__(self, "reserved_pattern", re.compile("|".join(globs)))
+
+    def action(self, rule: str) -> Action:
+        return self.actions[rule]
+
+    def is_gpu_resource(self, name: str) -> bool:
+        return name in self.gpu_resources or name.startswith(self.mig_prefixes)
+
+    def mode_allowed(self, mode: str, namespace: str) -> bool:
+        return match_any(namespace, self.allowed_namespaces.get(mode, ()))
+
+    def is_reserved_annotation(self, key: str) -> bool:
+        return self.reserved_pattern.match(key) is not None
+
+
+def match_any(value: str, patterns: Iterable[str]) -> bool:
+    for pattern in patterns:
+        if pattern == value or pattern == "*":
+            return True
+        if ("*" in pattern or "?" in pattern or "[" in pattern) and fnmatch.fnmatchcase(
+            value, pattern
+        ):
+            return True
+    return False
+
+
+def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """Deep-merge ``override`` onto ``base``: maps merge, everything else replaces."""
+    merged = dict(base)
+    for key, value in override.items():
+        old = merged.get(key)
+        # A node selector is one unit: merging the default's labels into it would be a surprise.
+        if isinstance(old, dict) and isinstance(value, Mapping) and key != "nodeSelector":
+            merged[key] = _merge(old, value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _line_of(node: yaml.Node | None, path: Iterable[Any]) -> int | None:
+    """The 1-based line of the YAML node at ``path`` (or of its closest ancestor)."""
+    line = node.start_mark.line + 1 if node is not None else None
+    for part in path:
+        if isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                if getattr(key_node, "value", None) == str(part):
+                    node = value_node
+                    line = key_node.start_mark.line + 1
+                    break
+            else:
+                return line
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(node.value):
+                return line
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def _normalise_rule_actions(document: dict[str, Any]) -> None:
+    # YAML 1.1 reads a bare `off` as false; accept it as the action users meant.
+    spec = document.get("spec")
+    rules = spec.get("rules") if isinstance(spec, dict) else None
+    if isinstance(rules, dict):
+        for rule, action in list(rules.items()):
+            if action is False:
+                rules[rule] = "off"
+
+
+def parse_policy(text: str, *, base: Policy | None, source: str = "<policy>") -> Policy:
+    """Parse and validate policy YAML; raise :class:`PolicyError` naming each bad line.
+
+    What the document leaves out comes from ``base`` (the bundled default, in practice);
+    with no base the document must be complete.
+    """
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}: " if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise PolicyError(source, [f"{where}not valid YAML: {problem}"]) from None
+    if not isinstance(document, dict):
+        raise PolicyError(source, ["line 1: a policy is a YAML mapping with apiVersion and kind"])
+    _normalise_rule_actions(document)
+    errors = []
+    for error in sorted(_VALIDATOR.iter_errors(document), key=lambda e: list(e.absolute_path)):
+        path = list(error.absolute_path)
+        keys = _offending_keys(error, document)
+        for key in keys:
+            dotted = ".".join(str(p) for p in [*path, key])
+            errors.append(f"line {_line_of(node, [*path, key])}: {dotted}: {_describe(error)}")
+        if not keys:
+            dotted = ".".join(str(p) for p in path) or "(top level)"
+            errors.append(f"line {_line_of(node, path)}: {dotted}: {_describe(error)}")
+    if errors:
+        raise PolicyError(source, errors)
+    return compile_policy(document, base=base)
+
+
+def _offending_keys(error: jsonschema.ValidationError, document: Any) -> list[str]:
+    """The mapping keys an error is about, so its line is the key's, not the parent's."""
+    if error.validator == "additionalProperties" and isinstance(error.instance, dict):
+        known = error.schema.get("properties", {}) if isinstance(error.schema, dict) else {}
+        return [str(k) for k in error.instance if k not in known]
+    # A propertyNames failure reports the key itself as the instance, at the parent's path.
+    if isinstance(error.instance, str):
+        parent = document
+        for part in error.absolute_path:
+            parent = parent[part]
+        if isinstance(parent, dict) and error.instance in parent:
+            return [error.instance]
+    return []
+
+
+def _describe(error: jsonschema.ValidationError) -> str:
+    if error.validator == "additionalProperties":
+        return "unknown field"
+    if error.validator == "propertyNames":
+        allowed = error.schema.get("enum") if isinstance(error.schema, dict) else None
+        if allowed:
+            return f"{error.instance!r} is not one of {', '.join(map(str, allowed))}"
+    if error.validator == "enum":
+        choices = cast(list[Any], error.validator_value)
+        return f"{error.instance!r} is not one of {', '.join(map(str, choices))}"
+    if error.validator == "const":
+        return f"must be {error.validator_value!r}"
+    return str(error.message)
+
+
+def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Policy:
+    """Compile a schema-valid document, filling what it leaves out from ``base``."""
+    base_spec = cast(dict[str, Any], copy.deepcopy(base.spec)) if base is not None else {}
+    spec = _merge(base_spec, document.get("spec") or {})
+    name = str((document.get("metadata") or {}).get("name", "unnamed"))
+    canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
+    digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
+    res = spec["resources"]
+    modes = spec["modes"]
+    vgpu = spec["vgpu"]
+    limits = spec["limits"]
+    exemptions = spec["exemptions"]
+    return Policy(
+        name=name,
+        digest=digest,
+        scheduler_name=spec["schedulerName"],
+        allowed_schedulers=frozenset(spec["allowedSchedulers"]),
+        on_error=spec["onError"],
+        count_resources=frozenset(res["count"]),
+        memory_mib_resources=frozenset(res["memoryMiB"]),
+        memory_gib_resources=frozenset(res["memoryGiB"]),
+        memory_percentage_resources=frozenset(res["memoryPercentage"]),
+        cores_resources=frozenset(res["cores"]),
+        priority_resources=frozenset(res["priority"]),
+        mig_prefixes=tuple(res["migPrefixes"]),
+        default_mode=modes["default"],
+        mode_annotations=tuple(modes["annotations"]),
+        node_selector_modes=tuple(
+            NodeSelectorMode(key=s["key"], value=s["value"], mode=s["mode"])
+            for s in modes["nodeSelectors"]
+        ),
+        namespace_modes={m: tuple(ns) for m, ns in modes["namespaces"].items()},
+        allowed_namespaces={m: tuple(ns) for m, ns in modes["allowedNamespaces"].items()},
+        preload=vgpu["preload"],
+        library_host_path=vgpu["libraryHostPath"],
+        preload_host_path=vgpu["preloadHostPath"],
+        lock_host_path=vgpu["lockHostPath"],
+        core_utilization_policy=vgpu["coreUtilizationPolicy"],
+        allow_disable_core_utilization_policy=vgpu["allowDisableCoreUtilizationPolicy"],
+        hide_devices_from_other_containers=vgpu["hideDevicesFromOtherContainers"],
+        mps_pipe_directory=spec["mps"]["pipeDirectory"],
+        mps_node_selector=dict(spec["mps"]["nodeSelector"]),
+        actions={rule: spec["rules"].get(rule, "deny") for rule in RULE_IDS},
+        reserved_annotations=tuple(spec["reservedAnnotations"]),
+        exempt_namespaces=tuple(exemptions["namespaces"]),
+        exempt_users=frozenset(exemptions["users"]),
+        exempt_groups=frozenset(exemptions["groups"]),
+        exempt_service_accounts=frozenset(exemptions["serviceAccounts"]),
+        container_maxima=_maxima(limits["perContainer"]),
+        pod_maxima=_maxima(limits["perPod"]),
+        spec=spec,
+    )
+
+
+def _maxima(raw: Mapping[str, int]) -> Maxima:
+    return Maxima(gpus=raw.get("gpus"), memory_mib=raw.get("memoryMiB"), cores=raw.get("cores"))

@@ -1,0 +1,272 @@
+"""GPU requests of a pod spec: which containers ask for what, parsed and unit-checked.
+
+Quantities are parsed by the Kubernetes quantity grammar (:mod:`webhook.core.quantity`); on top of it the
+unit contract of each resource is enforced (MiB and GiB are plain integers, percents
+are 1..100), because ``gpumem: 3Gi`` parses fine and means something absurd.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final, Literal
+
+from webhook.core import quantity
+from webhook.core.policy import Policy
+from webhook.core.workload import as_mapping
+
+ContainerKind = Literal["containers", "initContainers", "ephemeralContainers"]
+CONTAINER_KINDS: Final[tuple[ContainerKind, ...]] = (
+    "containers",
+    "initContainers",
+    "ephemeralContainers",
+)
+_KIND_LABEL: Final = {
+    "containers": "container",
+    "initContainers": "init container",
+    "ephemeralContainers": "ephemeral container",
+}
+
+MAX_MIB: Final = 1 << 19  # 512 GiB, above any card made: anything more is bytes or a unit slip
+MAX_GIB: Final = 1 << 10
+MAX_COUNT: Final = 64
+_RANGES: Final[dict[str, tuple[int, int]]] = {
+    "count": (1, MAX_COUNT),
+    "MiB": (1, MAX_MIB),
+    "GiB": (1, MAX_GIB),
+    "percent": (1, 100),
+}
+# ASCII digits only: str.isdigit() takes "\u00b2" and int() then raises.
+_PRIORITY: Final = re.compile(r"-?[0-9]{1,9}")
+
+
+def describe(kind: ContainerKind, name: str) -> str:
+    return f'{_KIND_LABEL[kind]} "{name}"'
+
+
+@dataclass(slots=True)
+class Finding:
+    """A finding about a request, before the policy turns it into a violation."""
+
+    rule: str
+    message: str
+
+
+@dataclass(slots=True)
+class ContainerRequest:
+    kind: ContainerKind
+    index: int
+    name: str
+    gpus: int = 0
+    memory_mib: int | None = None
+    memory_percentage: int | None = None
+    cores: int | None = None
+    priority: int | None = None
+    mig: dict[str, int] = field(default_factory=dict)
+    # Resource name to add to limits when only memory/cores were given (HAMi does too).
+    implied_count_resource: str | None = None
+    sharing_resources: list[str] = field(default_factory=list)
+    problems: list[Finding] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        return describe(self.kind, self.name)
+
+    @property
+    def shares(self) -> bool:
+        """Asks for a slice (or a whole vGPU) rather than a MIG instance."""
+        return bool(self.sharing_resources)
+
+
+@dataclass(slots=True)
+class PodRequests:
+    containers: list[ContainerRequest]
+
+    @property
+    def gpu(self) -> bool:
+        return bool(self.containers)
+
+    @property
+    def sharing(self) -> bool:
+        return any(c.shares for c in self.containers)
+
+    @property
+    def mig(self) -> bool:
+        return any(c.mig for c in self.containers)
+
+
+def _integer(
+    raw: Any, *, resource: str, label: str, unit: Literal["count", "MiB", "GiB", "percent"]
+) -> tuple[int | None, Finding | None]:
+    """Parse one quantity to an int under the unit contract of ``resource``."""
+    # Fast path for what nearly every request holds: a plain integer within range.
+    if type(raw) is int or (type(raw) is str and len(raw) < 10 and raw.isdigit() and raw.isascii()):
+        low, high = _RANGES[unit]
+        if low <= int(raw) <= high:
+            return int(raw), None
+    text = str(raw).strip() if isinstance(raw, int | float | str) else None
+    parsed = quantity.parse(text) if text is not None and not isinstance(raw, bool) else None
+    if text is None or parsed is None:
+        return None, Finding(
+            "invalid-gpu-request",
+            f'{label}: {resource} "{raw}" is not a quantity; write a plain integer',
+        )
+    value = parsed.value
+    # The apiserver stores quantities canonically: a plain 3000 arrives as "3k", so
+    # decimal suffixes are numbers like any other. Binary suffixes are always a unit
+    # mistake: nobody means 3 GiB of MiB.
+    if parsed.binary:
+        if unit in ("MiB", "GiB"):
+            scale = 1 << 20 if unit == "MiB" else 1 << 30
+            # Bounded: int() of a huge Decimal takes seconds (a request must not).
+            hint = f'; write "{int(value / scale)}"' if scale <= value < scale << 40 else ""
+            return None, Finding(
+                "invalid-gpu-request",
+                f'{label}: {resource} "{text}" must be {unit} as a plain integer{hint}',
+            )
+        return None, Finding(
+            "invalid-gpu-request",
+            f'{label}: {resource} "{text}" must be a plain integer ({unit}), without a suffix',
+        )
+    if value != value.to_integral_value():
+        return None, Finding(
+            "invalid-gpu-request", f'{label}: {resource} "{text}" must be a whole number'
+        )
+    low, high = _RANGES[unit]
+    # Compare as Decimal first: int("1e999999") would build a million-digit integer.
+    if not low <= value <= high:
+        hint = ""
+        if unit == "MiB" and value > high:
+            hint = " (bytes written as MiB?)"
+            if value < (high + 1) << 20:
+                hint = f'; bytes? write "{int(value) >> 20}"'
+        return None, Finding(
+            "invalid-gpu-request",
+            f'{label}: {resource} "{text}" must be {low}..{high} {unit}{hint}',
+        )
+    return int(value), None
+
+
+def _same_quantity(a: Any, b: Any) -> bool:
+    """Equal as quantities ("3k" is 3000), or as text when either does not parse."""
+    if str(a) == str(b):
+        return True
+    first, second = quantity.parse(str(a).strip()), quantity.parse(str(b).strip())
+    return first is not None and second is not None and first.value == second.value
+
+
+def read_container(
+    container: Mapping[str, Any], *, kind: ContainerKind, index: int, policy: Policy
+) -> ContainerRequest | None:
+    """The GPU request of one container, or None when it asks for no GPU resource."""
+    resources = as_mapping(container.get("resources"))
+    limits = as_mapping(resources.get("limits"))
+    requests = as_mapping(resources.get("requests"))
+    is_gpu = policy.is_gpu_resource
+    names = [n for n in limits if isinstance(n, str) and is_gpu(n)]
+    names += [n for n in requests if isinstance(n, str) and is_gpu(n) and n not in limits]
+    if not names:
+        return None
+    name = container.get("name")
+    request = ContainerRequest(kind=kind, index=index, name=name if isinstance(name, str) else "")
+    label = request.label
+    memory_names: list[str] = []
+    for resource in names:
+        if resource not in limits:
+            request.problems.append(
+                Finding(
+                    "invalid-gpu-request",
+                    f"{label}: {resource} is in requests but not limits; set it in limits",
+                )
+            )
+            raw = requests[resource]
+        else:
+            raw = limits[resource]
+            if resource in requests and not _same_quantity(requests[resource], raw):
+                request.problems.append(
+                    Finding(
+                        "invalid-gpu-request",
+                        f'{label}: {resource} request "{requests[resource]}" differs from '
+                        f'limit "{raw}"; make them equal',
+                    )
+                )
+        if resource.startswith(policy.mig_prefixes):
+            count, problem = _integer(raw, resource=resource, label=label, unit="count")
+            if problem:
+                request.problems.append(problem)
+            request.mig[resource] = count or 1
+            continue
+        request.sharing_resources.append(resource)
+        if resource in policy.count_resources:
+            count, problem = _integer(raw, resource=resource, label=label, unit="count")
+            request.gpus = count or 1
+        elif resource in policy.memory_mib_resources:
+            memory_names.append(resource)
+            value, problem = _integer(raw, resource=resource, label=label, unit="MiB")
+            if value is not None:
+                request.memory_mib = value
+        elif resource in policy.memory_gib_resources:
+            memory_names.append(resource)
+            value, problem = _integer(raw, resource=resource, label=label, unit="GiB")
+            if value is not None:
+                request.memory_mib = value * 1024
+        elif resource in policy.memory_percentage_resources:
+            value, problem = _integer(raw, resource=resource, label=label, unit="percent")
+            request.memory_percentage = value
+        elif resource in policy.cores_resources:
+            value, problem = _integer(raw, resource=resource, label=label, unit="percent")
+            request.cores = value
+        else:  # priority
+            text = str(raw).strip()
+            problem = None
+            if _PRIORITY.fullmatch(text):
+                request.priority = int(text)
+            else:
+                problem = Finding(
+                    "invalid-gpu-request",
+                    f'{label}: {resource} "{raw}" must be an integer priority',
+                )
+        if problem:
+            request.problems.append(problem)
+    if len(memory_names) > 1:
+        request.problems.append(
+            Finding(
+                "invalid-gpu-request",
+                f"{label}: asks for memory twice ({', '.join(sorted(memory_names))}); keep one",
+            )
+        )
+    if request.memory_mib is not None and request.memory_percentage is not None:
+        request.memory_percentage = None
+        request.notes.append(f"{label}: memory in MiB and percent both set; MiB wins")
+    if request.sharing_resources and request.gpus == 0:
+        request.gpus = 1
+        request.implied_count_resource = _implied_count_resource(request.sharing_resources, policy)
+    return request
+
+
+def _implied_count_resource(names: list[str], policy: Policy) -> str | None:
+    """The count resource of the same vendor domain as the slice resources, if the policy has one."""
+    for resource in names:
+        domain = resource.split("/", 1)[0] + "/"
+        for count in sorted(policy.count_resources):
+            if count.startswith(domain):
+                return count
+    return None
+
+
+def read_pod(spec: Mapping[str, Any], policy: Policy) -> PodRequests:
+    """GPU requests of every container, init container and ephemeral container of a pod spec."""
+    found: list[ContainerRequest] = []
+    for kind in CONTAINER_KINDS:
+        containers = spec.get(kind)
+        if not isinstance(containers, list):
+            continue
+        for index, container in enumerate(containers):
+            if not isinstance(container, (dict, Mapping)):
+                continue
+            request = read_container(container, kind=kind, index=index, policy=policy)
+            if request is not None:
+                found.append(request)
+    return PodRequests(containers=found)

@@ -1,0 +1,1 @@
+"""For development and tests: a local control plane, and an AdmissionReview builder."""

@@ -1,0 +1,492 @@
+"""A local control plane for development and end-to-end tests: etcd, kube-apiserver
+and this webhook on loopback, with the webhook configurations of ``deploy/`` registered.
+
+``hack/dev-cluster`` runs :func:`main`; the e2e suite uses :class:`DevCluster` directly.
+Nothing listens beyond 127.0.0.1. Certificates and the service-account key come from
+:mod:`webhook.certs`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any, Final
+
+import yaml
+from cryptography.hazmat.primitives import serialization
+
+from webhook.certs.files import write_files
+from webhook.certs.issue import generate_ca, generate_serving
+from webhook.files import write_atomic
+
+REPO: Final = Path(__file__).resolve().parents[2]
+
+
+class ClusterError(Exception):
+    """The dev cluster could not start; the message says which part and why."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def find_binaries(bin_dir: str | None = None) -> Path:
+    """The directory holding kube-apiserver, etcd and kubectl (built from Go modules)."""
+    candidate = bin_dir or os.environ.get("GPUSHARE_TESTBIN")
+    if candidate:
+        path = Path(candidate)
+    else:
+        script = REPO / "hack" / "build-testbin"
+        if not script.exists():
+            raise ClusterError(
+                "no GPUSHARE_TESTBIN and no hack/build-testbin to build the binaries"
+            )
+        if shutil.which("go") is None:
+            raise ClusterError("Go is not installed: cannot build kube-apiserver and etcd")
+        result = subprocess.run(
+            [str(script)], capture_output=True, text=True, check=False, cwd=REPO
+        )
+        if result.returncode != 0:
+            raise ClusterError(f"hack/build-testbin failed:\n{result.stderr[-2000:]}")
+        path = Path(result.stdout.strip().splitlines()[-1])
+    for name in ("kube-apiserver", "etcd"):
+        if not (path / name).is_file():
+            raise ClusterError(f"{path / name} is missing")
+    return path
+
+
+@dataclass
+class _Process:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+    handle: IO[bytes]
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def tail(self, lines: int = 30) -> str:
+        with contextlib.suppress(OSError):
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        return ""
+
+    def stop(self, timeout: float = 15) -> None:
+        if self.alive():
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+        self.handle.close()
+
+
+@dataclass
+class Webhook:
+    """The webhook process of a dev cluster, restartable by tests."""
+
+    workdir: Path
+    policy: Path
+    port: int = field(default_factory=free_port)
+    health_port: int = field(default_factory=free_port)
+    process: _Process | None = None
+
+    @property
+    def cert_dir(self) -> Path:
+        return self.workdir / "webhook-certs"
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit.log"
+
+    @property
+    def url(self) -> str:
+        return f"https://127.0.0.1:{self.port}"
+
+    def start(self, *, timeout: float = 30) -> None:
+        log = self.workdir / "webhook.log"
+        handle = log.open("ab")
+        popen = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "webhook",
+                "serve",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(self.port),
+                "--health-port",
+                str(self.health_port),
+                "--cert-dir",
+                str(self.cert_dir),
+                "--policy",
+                str(self.policy),
+                "--audit-log",
+                str(self.audit_log),
+            ],
+            stdout=handle,
+            stderr=handle,
+            cwd=self.workdir,
+        )
+        self.process = _Process("webhook", popen, log, handle)
+        _wait_for_port(self.process, self.health_port, timeout=timeout)
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+            self.process = None
+
+    def ca_bundle(self) -> bytes:
+        return (self.cert_dir / "ca.crt").read_bytes()
+
+
+def _wait_for_port(process: _Process, port: int, *, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not process.alive():
+            raise ClusterError(f"{process.name} exited:\n{process.tail()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.2):
+                return
+        except OSError:
+            time.sleep(0.05)
+    raise ClusterError(
+        f"{process.name} did not listen on {port} in {timeout:.0f}s:\n{process.tail()}"
+    )
+
+
+@dataclass
+class DevCluster:
+    """etcd + kube-apiserver on loopback, token auth, RBAC; and the webhook."""
+
+    workdir: Path
+    bin_dir: Path
+    policy: Path
+    token: str = field(default_factory=lambda: secrets.token_hex(16))
+    etcd_port: int = field(default_factory=free_port)
+    peer_port: int = field(default_factory=free_port)
+    api_port: int = field(default_factory=free_port)
+    processes: list[_Process] = field(default_factory=list)
+    webhook: Webhook | None = None
+
+    @property
+    def server(self) -> str:
+        return f"https://127.0.0.1:{self.api_port}"
+
+    @property
+    def ca_file(self) -> Path:
+        return self.workdir / "apiserver" / "ca.crt"
+
+    def _spawn(self, name: str, argv: Sequence[str]) -> _Process:
+        log = self.workdir / f"{name}.log"
+        handle = log.open("ab")
+        popen = subprocess.Popen(list(argv), stdout=handle, stderr=handle, cwd=self.workdir)
+        process = _Process(name, popen, log, handle)
+        self.processes.append(process)
+        return process
+
+    def start_control_plane(self, *, timeout: float = 120) -> None:
+        pki = self.workdir / "apiserver"
+        ca = generate_ca(common_name="gpushare dev-cluster CA", valid_for=timedelta(days=7))
+        serving = generate_serving(
+            ca=ca,
+            dns_names=["localhost", "kubernetes", "kubernetes.default.svc"],
+            ip_addresses=["127.0.0.1"],
+            valid_for=timedelta(days=7),
+        )
+        paths = write_files(pki, ca=ca, serving=serving)
+        # A CA key pair doubles as the service-account signing key (ECDSA P-256, ES256).
+        signer = generate_ca(
+            common_name="gpushare dev-cluster service accounts", valid_for=timedelta(days=7)
+        )
+        write_atomic(pki / "sa.key", signer.key_pem(), mode=0o600)
+        (pki / "sa.pub").write_bytes(
+            signer.key.public_key().public_bytes(
+                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+            )
+        )
+        tokens = f'{self.token},admin,admin-uid,"system:masters"\n'
+        write_atomic(pki / "tokens.csv", tokens.encode(), mode=0o600)
+        etcd = self._spawn(
+            "etcd",
+            [
+                str(self.bin_dir / "etcd"),
+                "--name=default",
+                f"--data-dir={self.workdir / 'etcd'}",
+                f"--listen-client-urls=http://127.0.0.1:{self.etcd_port}",
+                f"--advertise-client-urls=http://127.0.0.1:{self.etcd_port}",
+                f"--listen-peer-urls=http://127.0.0.1:{self.peer_port}",
+                f"--initial-advertise-peer-urls=http://127.0.0.1:{self.peer_port}",
+                f"--initial-cluster=default=http://127.0.0.1:{self.peer_port}",
+                "--listen-metrics-urls=",
+                "--unsafe-no-fsync",
+                "--log-level=warn",
+            ],
+        )
+        _wait_for_port(etcd, self.etcd_port, timeout=timeout)
+        apiserver = self._spawn(
+            "kube-apiserver",
+            [
+                str(self.bin_dir / "kube-apiserver"),
+                "--bind-address=127.0.0.1",
+                "--advertise-address=127.0.0.1",
+                f"--secure-port={self.api_port}",
+                f"--etcd-servers=http://127.0.0.1:{self.etcd_port}",
+                "--service-cluster-ip-range=10.0.0.0/24",
+                "--endpoint-reconciler-type=none",
+                "--authorization-mode=RBAC",
+                f"--token-auth-file={pki / 'tokens.csv'}",
+                f"--tls-cert-file={paths.cert_file}",
+                f"--tls-private-key-file={paths.key_file}",
+                "--service-account-issuer=https://kubernetes.default.svc",
+                f"--service-account-key-file={pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                # Privileged pods must reach our webhook to be refused by it, not by this flag.
+                "--allow-privileged=true",
+                "--profiling=false",
+            ],
+        )
+        self._wait_ready(apiserver, timeout=timeout)
+
+    def _wait_ready(self, apiserver: _Process, *, timeout: float) -> None:
+        import ssl
+        import urllib.request
+
+        context = ssl.create_default_context(cafile=str(self.ca_file))
+        deadline = time.monotonic() + timeout
+        request = urllib.request.Request(  # noqa: S310  # https to our own loopback apiserver
+            f"{self.server}/readyz", headers={"Authorization": f"Bearer {self.token}"}
+        )
+        while time.monotonic() < deadline:
+            if not apiserver.alive():
+                raise ClusterError(f"kube-apiserver exited:\n{apiserver.tail()}")
+            try:
+                with urllib.request.urlopen(request, context=context, timeout=2) as response:  # noqa: S310
+                    if response.status == 200:
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise ClusterError(f"kube-apiserver not ready in {timeout:.0f}s:\n{apiserver.tail()}")
+
+    def kubeconfig(self) -> dict[str, Any]:
+        return {
+            "apiVersion": "v1",
+            "kind": "Config",
+            "clusters": [
+                {
+                    "name": "gpushare-dev",
+                    "cluster": {
+                        "server": self.server,
+                        "certificate-authority-data": base64.b64encode(
+                            self.ca_file.read_bytes()
+                        ).decode(),
+                    },
+                }
+            ],
+            "users": [{"name": "admin", "user": {"token": self.token}}],
+            "contexts": [
+                {"name": "gpushare-dev", "context": {"cluster": "gpushare-dev", "user": "admin"}}
+            ],
+            "current-context": "gpushare-dev",
+        }
+
+    def write_kubeconfig(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_atomic(path, yaml.safe_dump(self.kubeconfig()).encode(), mode=0o600)
+
+    def api_client(self) -> Any:
+        from kubernetes import client
+
+        configuration = client.Configuration()
+        configuration.host = self.server
+        configuration.ssl_ca_cert = str(self.ca_file)
+        configuration.api_key = {"authorization": f"Bearer {self.token}"}
+        return client.ApiClient(configuration)
+
+    def start_webhook(self) -> Webhook:
+        self.webhook = Webhook(workdir=self.workdir, policy=self.policy)
+        self.webhook.start()
+        return self.webhook
+
+    def register_webhooks(self, *, url: str | None = None) -> None:
+        """Create (or replace) both webhook configurations from the deploy/ templates."""
+        from kubernetes import client
+
+        from webhook.install.manifests import webhook_configurations
+
+        assert self.webhook is not None
+        # The client takes plain dicts at run time; its stubs only know its models.
+        api: Any = client.AdmissionregistrationV1Api(self.api_client())
+        for config in webhook_configurations(
+            ca_bundle=self.webhook.ca_bundle(), url=url or self.webhook.url
+        ):
+            name = config["metadata"]["name"]
+            if config["kind"] == "MutatingWebhookConfiguration":
+                with contextlib.suppress(client.ApiException):
+                    api.delete_mutating_webhook_configuration(name)
+                api.create_mutating_webhook_configuration(config)
+            else:
+                with contextlib.suppress(client.ApiException):
+                    api.delete_validating_webhook_configuration(name)
+                api.create_validating_webhook_configuration(config)
+
+    def unregister_webhooks(self) -> None:
+        from kubernetes import client
+
+        from webhook.install.manifests import webhook_configurations
+
+        # The client takes plain dicts at run time; its stubs only know its models.
+        api: Any = client.AdmissionregistrationV1Api(self.api_client())
+        for config in webhook_configurations(ca_bundle=b"", url="https://127.0.0.1:1"):
+            name = config["metadata"]["name"]
+            with contextlib.suppress(client.ApiException):
+                if config["kind"] == "MutatingWebhookConfiguration":
+                    api.delete_mutating_webhook_configuration(name)
+                else:
+                    api.delete_validating_webhook_configuration(name)
+
+    def create_namespace(self, name: str) -> None:
+        """A namespace with its default ServiceAccount (no controller-manager runs here)."""
+        from kubernetes import client
+
+        core: Any = client.CoreV1Api(self.api_client())
+        with contextlib.suppress(client.ApiException):
+            core.create_namespace({"metadata": {"name": name}})
+        with contextlib.suppress(client.ApiException):
+            core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
+
+    def probe(self, *, timeout: float = 30) -> None:
+        """Prove both webhooks answer through the apiserver (server-side dry-run creates)."""
+        from kubernetes import client
+
+        core: Any = client.CoreV1Api(self.api_client())
+        self.create_namespace("gpushare-probe")
+        pod: dict[str, Any] = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "probe", "namespace": "gpushare-probe"},
+            "spec": {
+                "containers": [
+                    {
+                        "name": "probe",
+                        "image": "busybox",
+                        "resources": {"limits": {"nvidia.com/gpumem": "1000"}},
+                    }
+                ]
+            },
+        }
+        deadline = time.monotonic() + timeout
+        last: Exception | None = None
+        while time.monotonic() < deadline:
+            try:
+                created = core.create_namespaced_pod("gpushare-probe", pod, dry_run="All")
+                if created.spec.scheduler_name != "hami-scheduler":
+                    raise ClusterError("the mutating webhook did not mutate the probe pod")
+                bad = {**pod, "spec": {**pod["spec"], "nodeName": "somewhere"}}
+                try:
+                    core.create_namespaced_pod("gpushare-probe", bad, dry_run="All")
+                except client.ApiException as exc:
+                    if "node-name-pinning" in str(exc.body):
+                        return
+                    raise
+                raise ClusterError("the webhooks did not refuse a pinned GPU pod")
+            except (client.ApiException, ClusterError) as exc:
+                last = exc
+                time.sleep(0.3)
+        raise ClusterError(f"webhooks not answering through the apiserver: {last}")
+
+    def stop(self) -> None:
+        if self.webhook is not None:
+            self.webhook.stop()
+        for process in reversed(self.processes):
+            process.stop()
+        self.processes.clear()
+
+
+@contextlib.contextmanager
+def running(
+    *, bin_dir: Path, policy: Path, workdir: Path | None = None, register: bool = True
+) -> Iterator[DevCluster]:
+    """A started dev cluster with the webhook registered and probed; stopped on exit."""
+    owned = workdir is None
+    base = Path(tempfile.mkdtemp(prefix="gpushare-dev-")) if workdir is None else workdir
+    cluster = DevCluster(workdir=base, bin_dir=bin_dir, policy=policy)
+    try:
+        cluster.start_control_plane()
+        cluster.start_webhook()
+        if register:
+            cluster.register_webhooks()
+            cluster.probe()
+        yield cluster
+    finally:
+        cluster.stop()
+        if owned:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="hack/dev-cluster",
+        description="Run etcd, kube-apiserver and gpushare-webhook on loopback until Ctrl-C.",
+    )
+    parser.add_argument("--kubeconfig", required=True, help="where to write the kubeconfig")
+    parser.add_argument("--policy", help="policy file (default: policies/default.yaml)")
+    parser.add_argument("--bin-dir", help="kube-apiserver/etcd directory (default: build them)")
+    args = parser.parse_args(argv)
+    policy_source = (
+        Path(args.policy) if args.policy else REPO / "webhook" / "policies" / "default.yaml"
+    )
+    stop = threading.Event()
+
+    def on_signal(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    workdir = Path(tempfile.mkdtemp(prefix="gpushare-dev-"))
+    # The webhook watches this copy: edit --policy's file and send SIGHUP, or edit this one.
+    policy = workdir / "policy.yaml"
+    try:
+        policy.write_bytes(policy_source.read_bytes())
+        bin_dir = find_binaries(args.bin_dir)
+        with running(bin_dir=bin_dir, policy=policy, workdir=workdir) as cluster:
+            cluster.write_kubeconfig(Path(args.kubeconfig))
+            print(
+                f"ready: kube-apiserver {cluster.server}, webhook {cluster.webhook.url if cluster.webhook else ''}, "
+                f"kubeconfig {args.kubeconfig}, policy {policy}, audit {workdir / 'audit.log'}",
+                flush=True,
+            )
+            while not stop.wait(0.5):
+                for process in cluster.processes:
+                    if not process.alive():
+                        raise ClusterError(f"{process.name} exited:\n{process.tail()}")
+    except (ClusterError, OSError) as exc:
+        print(f"dev-cluster: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

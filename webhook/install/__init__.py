@@ -1,0 +1,1 @@
+"""The install: Kubernetes objects rendered from ``deploy/``."""

@@ -1,0 +1,424 @@
+"""The install manifests, rendered from the kustomize files in ``deploy/``.
+
+``deploy/`` is the single source of every Kubernetes object: ``kubectl kustomize
+deploy/`` renders it, and so does :func:`render`, with a small kustomize subset
+(resources, ``configMapGenerator``, ``generatorOptions`` and JSON 6902 ``patches``
+with a target). Anything else in a kustomization is refused rather than half
+understood; ``tests/test_manifests.py`` checks both renders give the same objects.
+
+Used by ``gpushare-webhook manifests`` (:mod:`webhook.cli.manifests`), by :func:`webhook_configurations` (the local
+test cluster registers the real webhook configurations against a loopback URL),
+and by anything that wants the install as dicts, e.g. a server-side dry run.
+
+Wheels carry ``deploy/`` as ``webhook/_deploy`` (hatch ``force-include``); a source
+checkout or editable install reads the repository's ``deploy/``.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Final
+
+import jsonpatch
+import yaml
+
+Obj = dict[str, Any]
+
+BASE_NAMESPACE: Final = "gpushare-system"
+DEFAULT_OVERLAY: Final = "self-managed"
+OVERLAYS: Final = ("self-managed", "cert-manager")
+CONTAINER: Final = "webhook"
+WEBHOOK_KINDS: Final = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+
+_KUSTOMIZATION_FILES: Final = ("kustomization.yaml", "kustomization.yml", "Kustomization")
+_SUPPORTED_FIELDS: Final = frozenset(
+    {"apiVersion", "kind", "resources", "configMapGenerator", "generatorOptions", "patches"}
+)
+_CLUSTER_SCOPED: Final = frozenset(
+    {
+        "Namespace",
+        "ClusterRole",
+        "ClusterRoleBinding",
+        "CustomResourceDefinition",
+        "PriorityClass",
+        "StorageClass",
+        "PersistentVolume",
+        "ClusterIssuer",
+        *WEBHOOK_KINDS,
+    }
+)
+# kustomize's "legacy" output order: what must exist first comes first, and the
+# webhook registrations come last, once the Service behind them exists.
+_ORDER_FIRST: Final = (
+    "Namespace",
+    "ResourceQuota",
+    "StorageClass",
+    "CustomResourceDefinition",
+    "ServiceAccount",
+    "PodSecurityPolicy",
+    "Role",
+    "ClusterRole",
+    "RoleBinding",
+    "ClusterRoleBinding",
+    "ConfigMap",
+    "Secret",
+    "Endpoints",
+    "Service",
+    "LimitRange",
+    "PriorityClass",
+    "PersistentVolume",
+    "PersistentVolumeClaim",
+    "Deployment",
+    "StatefulSet",
+    "CronJob",
+    "PodDisruptionBudget",
+)
+_ORDER_LAST: Final = WEBHOOK_KINDS
+
+
+class ManifestError(Exception):
+    """The deploy files cannot be rendered, or an argument does not fit them."""
+
+
+# --------------------------------------------------------------------------- files
+
+
+def deploy_root() -> Path:
+    """The ``deploy/`` directory: packaged in a wheel, else the source checkout's."""
+    package = Path(__file__).resolve().parents[1]
+    for candidate in (package / "_deploy", package.parent / "deploy"):
+        if (candidate / "base").is_dir():
+            return candidate
+    raise ManifestError(f"no deploy files found next to {package} (broken installation)")
+
+
+def overlay_dir(overlay: str = DEFAULT_OVERLAY) -> Path:
+    if overlay not in OVERLAYS:
+        raise ManifestError(f"unknown overlay {overlay!r}; choose one of {', '.join(OVERLAYS)}")
+    return deploy_root() / "overlays" / overlay
+
+
+def _load_documents(path: Path) -> list[Obj]:
+    try:
+        text = path.read_text("utf-8")
+        documents = list(yaml.safe_load_all(text))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ManifestError(f"{path}: {exc}") from None
+    objects = []
+    for number, document in enumerate(documents, 1):
+        if document is None:
+            continue
+        if not isinstance(document, dict) or not isinstance(document.get("kind"), str):
+            raise ManifestError(f"{path}: document {number} is not a Kubernetes object")
+        objects.append(document)
+    return objects
+
+
+def _inside(root: Path, relative: str) -> Path:
+    """``root/relative``, refused (as kustomize does) when it resolves outside root."""
+    path = (root / relative).resolve()
+    if not path.is_relative_to(root.resolve()):
+        raise ManifestError(f"{root}: file {relative!r} is not in or below {root}")
+    return path
+
+
+# ------------------------------------------------------------------ kustomize subset
+
+
+def _gvk(obj: Obj) -> tuple[str, str, str]:
+    group, _, version = str(obj.get("apiVersion", "")).rpartition("/")
+    return group, version, str(obj["kind"])
+
+
+def _identity(obj: Obj) -> tuple[str, str, str, str]:
+    group, _, kind = _gvk(obj)
+    metadata = obj.get("metadata") or {}
+    return group, kind, str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+
+
+def _sort_key(obj: Obj) -> tuple[int, str, str, str]:
+    group, version, kind = _gvk(obj)
+    if kind in _ORDER_FIRST:
+        rank = _ORDER_FIRST.index(kind) - len(_ORDER_FIRST)
+    elif kind in _ORDER_LAST:
+        rank = 1 + _ORDER_LAST.index(kind)
+    else:
+        rank = 0
+    gvk = "_".join((group or "~G", version or "~V", kind))
+    metadata = obj.get("metadata") or {}
+    return rank, gvk, str(metadata.get("namespace") or ""), str(metadata.get("name") or "")
+
+
+def _config_map(root: Path, spec: Obj, options: Obj) -> Obj:
+    unknown = set(spec) - {"name", "namespace", "files", "options"}
+    if unknown:
+        raise ManifestError(f"{root}: configMapGenerator field(s) not supported: {sorted(unknown)}")
+    if options.get("disableNameSuffixHash") is not True:
+        raise ManifestError(f"{root}: generatorOptions.disableNameSuffixHash must be true")
+    data: dict[str, str] = {}
+    for entry in spec.get("files") or []:
+        key, _, source = str(entry).rpartition("=")
+        key = key or Path(source).name
+        try:
+            data[key] = _inside(root, source).read_text("utf-8")
+        except OSError as exc:
+            raise ManifestError(f"{root}: configMapGenerator file {source!r}: {exc}") from None
+    metadata: Obj = {"name": spec["name"]}
+    if spec.get("namespace"):
+        metadata["namespace"] = spec["namespace"]
+    extra = spec.get("options") or {}
+    if set(extra) - {"labels", "annotations"}:
+        raise ManifestError(f"{root}: configMapGenerator options other than labels/annotations")
+    for field in ("labels", "annotations"):
+        if extra.get(field):
+            metadata[field] = dict(extra[field])
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": metadata, "data": data}
+
+
+def _matches(obj: Obj, target: Obj) -> bool:
+    group, version, kind = _gvk(obj)
+    metadata = obj.get("metadata") or {}
+    wanted = {
+        "group": group,
+        "version": version,
+        "kind": kind,
+        "name": metadata.get("name"),
+        "namespace": metadata.get("namespace"),
+    }
+    unknown = set(target) - set(wanted)
+    if unknown:
+        raise ManifestError(f"patch target field(s) not supported: {sorted(unknown)}")
+    return all(wanted[field] == value for field, value in target.items())
+
+
+def _apply_patches(root: Path, objects: list[Obj], patches: Sequence[Obj]) -> list[Obj]:
+    for number, spec in enumerate(patches, 1):
+        where = f"{root}: patch {number}"
+        if set(spec) - {"target", "patch", "path"} or "target" not in spec:
+            raise ManifestError(f"{where}: only JSON 6902 patches with a target are supported")
+        if "path" in spec:
+            try:
+                text = _inside(root, spec["path"]).read_text("utf-8")
+            except OSError as exc:
+                raise ManifestError(f"{where}: {exc}") from None
+        else:
+            text = str(spec.get("patch", ""))
+        try:
+            operations = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ManifestError(f"{where}: {exc}") from None
+        if not isinstance(operations, list):
+            raise ManifestError(f"{where}: not a JSON 6902 operation list")
+        hits = 0
+        for index, obj in enumerate(objects):
+            if _matches(obj, spec["target"]):
+                try:
+                    objects[index] = jsonpatch.apply_patch(obj, operations)
+                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as exc:
+                    raise ManifestError(f"{where}: {exc}") from None
+                hits += 1
+        if not hits:
+            raise ManifestError(f"{where}: target {spec['target']} matches no object")
+    return objects
+
+
+def build(directory: Path) -> list[Obj]:
+    """The objects ``kubectl kustomize DIRECTORY`` renders, in the same order."""
+    root = directory.resolve()
+    file = next((root / name for name in _KUSTOMIZATION_FILES if (root / name).is_file()), None)
+    if file is None:
+        raise ManifestError(f"{root}: no kustomization.yaml")
+    try:
+        spec = yaml.safe_load(file.read_text("utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ManifestError(f"{file}: {exc}") from None
+    if not isinstance(spec, dict):
+        raise ManifestError(f"{file}: not a Kustomization")
+    unknown = set(spec) - _SUPPORTED_FIELDS
+    if unknown:
+        raise ManifestError(f"{file}: kustomize field(s) not supported here: {sorted(unknown)}")
+    objects: list[Obj] = []
+    for entry in spec.get("resources") or []:
+        path = (root / str(entry)).resolve()
+        if path.is_dir():
+            objects.extend(build(path))
+        else:
+            objects.extend(_load_documents(_inside(root, str(entry))))
+    options = spec.get("generatorOptions") or {}
+    if set(options) - {"disableNameSuffixHash"}:
+        raise ManifestError(f"{file}: generatorOptions other than disableNameSuffixHash")
+    for generator in spec.get("configMapGenerator") or []:
+        objects.append(_config_map(root, generator, options))
+    objects = _apply_patches(root, objects, spec.get("patches") or [])
+    seen: set[tuple[str, str, str, str]] = set()
+    for obj in objects:
+        identity = _identity(obj)
+        if identity in seen:
+            raise ManifestError(f"{root}: object defined twice: {identity}")
+        seen.add(identity)
+    return sorted(objects, key=_sort_key)
+
+
+# ------------------------------------------------------------------ customisation
+
+
+def _check_pem(ca_bundle: bytes) -> str:
+    if b"-----BEGIN CERTIFICATE-----" not in ca_bundle:
+        raise ManifestError("the CA bundle is not PEM (no BEGIN CERTIFICATE block)")
+    return base64.b64encode(ca_bundle).decode("ascii")
+
+
+def set_ca_bundle(objects: Iterable[Obj], ca_bundle: bytes) -> None:
+    """Put the PEM ``ca_bundle`` (base64-encoded) into every webhook's clientConfig.
+
+    An empty ``ca_bundle`` leaves caBundle out (the apiserver then trusts its system roots).
+    """
+    if not ca_bundle:
+        return
+    encoded = _check_pem(ca_bundle)
+    for obj in objects:
+        if obj["kind"] in WEBHOOK_KINDS:
+            for hook in obj.get("webhooks") or []:
+                hook.setdefault("clientConfig", {})["caBundle"] = encoded
+
+
+def set_image(objects: Iterable[Obj], image: str) -> None:
+    if not image or any(c.isspace() for c in image):
+        raise ManifestError(f"not an image reference: {image!r}")
+    for obj in objects:
+        if obj["kind"] == "Deployment":
+            for container in obj["spec"]["template"]["spec"]["containers"]:
+                if container["name"] == CONTAINER:
+                    container["image"] = image
+
+
+_DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+def set_namespace(objects: Iterable[Obj], namespace: str, *, old: str = BASE_NAMESPACE) -> None:
+    """Move the install from namespace ``old`` to ``namespace``, every reference included.
+
+    Namespaced objects, the Namespace itself, RBAC subjects, the webhooks' Service
+    reference and namespaceSelector exclusion, cert-manager's ``inject-ca-from`` and
+    DNS names, and the ``--namespace`` argument of the self-managed mode.
+    """
+    if not _DNS_LABEL.match(namespace):
+        raise ManifestError(f"not a valid namespace name: {namespace!r}")
+    dns_old = re.compile(rf"(?<=\.){re.escape(old)}(?=\.|$)")
+    for obj in objects:
+        kind = obj["kind"]
+        metadata = obj.setdefault("metadata", {})
+        if metadata.get("namespace") == old:
+            metadata["namespace"] = namespace
+        if kind == "Namespace" and metadata.get("name") == old:
+            metadata["name"] = namespace
+        annotations = metadata.get("annotations") or {}
+        inject = annotations.get("cert-manager.io/inject-ca-from", "")
+        if inject.startswith(f"{old}/"):
+            annotations["cert-manager.io/inject-ca-from"] = namespace + inject[len(old) :]
+        for subject in obj.get("subjects") or []:
+            if subject.get("namespace") == old:
+                subject["namespace"] = namespace
+        hooks = (obj.get("webhooks") or []) if kind in WEBHOOK_KINDS else []
+        for hook in hooks:
+            service = (hook.get("clientConfig") or {}).get("service") or {}
+            if service.get("namespace") == old:
+                service["namespace"] = namespace
+            selector = hook.get("namespaceSelector") or {}
+            for expression in selector.get("matchExpressions") or []:
+                expression["values"] = [
+                    namespace if value == old else value for value in expression.get("values", [])
+                ]
+        if kind == "Certificate":
+            spec = obj.get("spec") or {}
+            spec["dnsNames"] = [dns_old.sub(namespace, name) for name in spec.get("dnsNames", [])]
+        if kind == "Deployment":
+            for container in obj["spec"]["template"]["spec"]["containers"]:
+                args = container.get("args") or []
+                for index, arg in enumerate(args):
+                    if arg == f"--namespace={old}":
+                        args[index] = f"--namespace={namespace}"
+                    elif arg == old and index and args[index - 1] == "--namespace":
+                        args[index] = namespace
+
+
+def render(
+    *,
+    overlay: str = DEFAULT_OVERLAY,
+    namespace: str | None = None,
+    image: str | None = None,
+    ca_bundle: bytes | None = None,
+) -> list[Obj]:
+    """The whole install as dicts, in apply order: what ``manifests`` prints.
+
+    This is the hook for checks against a real apiserver (server-side dry run):
+    every object here is exactly what a user applies.
+    """
+    objects = build(overlay_dir(overlay))
+    if namespace is not None and namespace != BASE_NAMESPACE:
+        set_namespace(objects, namespace)
+    if image is not None:
+        set_image(objects, image)
+    if ca_bundle is not None:
+        set_ca_bundle(objects, ca_bundle)
+    return objects
+
+
+def webhook_configurations(
+    *,
+    ca_bundle: bytes,
+    url: str | None = None,
+    service: tuple[str, str] | None = None,
+) -> list[Obj]:
+    """The Mutating- and ValidatingWebhookConfiguration of ``deploy/base``, ready to create.
+
+    ``ca_bundle`` is the PEM CA the apiserver trusts for the webhook (empty: none). With ``url``
+    (e.g. ``https://127.0.0.1:8443``) each webhook calls ``url`` + its path
+    (``/mutate``, ``/validate``); with ``service=(name, namespace)`` it calls that
+    Service on port 443 (and excludes that namespace instead of gpushare-system);
+    with neither, the Service of the install. Returns [mutating, validating].
+    """
+    if url is not None and service is not None:
+        raise ValueError("give url or service, not both")
+    if url is not None and not url.startswith("https://"):
+        raise ValueError(f"webhook URLs must be https: {url!r}")
+    configurations = [obj for obj in build(deploy_root() / "base") if obj["kind"] in WEBHOOK_KINDS]
+    if service is not None:
+        set_namespace(configurations, service[1])
+    for obj in configurations:
+        for hook in obj["webhooks"]:
+            reference = hook["clientConfig"]["service"]
+            if url is not None:
+                hook["clientConfig"] = {"url": url.rstrip("/") + reference["path"]}
+            elif service is not None:
+                reference["name"] = service[0]
+    set_ca_bundle(configurations, ca_bundle)
+    return sorted(configurations, key=_sort_key)
+
+
+# ------------------------------------------------------------------ YAML and CLI
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block style, multi-line strings (the policy file) as literal blocks, no aliases."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _represent_str)
+
+
+def to_yaml(objects: Iterable[Obj]) -> str:
+    """A multi-document YAML stream of ``objects``."""
+    return "---\n".join(
+        yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False) for obj in objects
+    )

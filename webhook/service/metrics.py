@@ -1,0 +1,96 @@
+"""Prometheus metrics of the service, in a registry of its own (no global state in tests)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from webhook.core.admission import Answer
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+# Admission latency lives well under a millisecond; the apiserver's budget is seconds.
+_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "gpushare_admission_requests",
+            "Admission reviews answered.",
+            ["endpoint", "decision", "mode", "dry_run"],
+            registry=self.registry,
+        )
+        self.violations = Counter(
+            "gpushare_admission_violations",
+            "Rule violations found, by the action the policy gave them.",
+            ["endpoint", "rule", "action", "dry_run"],
+            registry=self.registry,
+        )
+        self.errors = Counter(
+            "gpushare_admission_errors",
+            "Reviews that could not be evaluated (answered per the policy's onError) or were malformed.",
+            ["endpoint", "kind"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "gpushare_admission_review_duration_seconds",
+            "Time from request received to answer sent.",
+            ["endpoint"],
+            buckets=_BUCKETS,
+            registry=self.registry,
+        )
+        self.reloads = Counter(
+            "gpushare_policy_reloads",
+            "Policy reloads by result.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.policy_info = Gauge(
+            "gpushare_policy_info",
+            "The policy in force (value 1), labelled with its name and hash.",
+            ["name", "hash"],
+            registry=self.registry,
+        )
+        self.certificate_expiry = Gauge(
+            "gpushare_certificate_expiry_seconds",
+            "Seconds until the serving certificate in use expires.",
+            registry=self.registry,
+        )
+        for result in ("ok", "failed"):
+            self.reloads.labels(result=result)
+
+    def observe(
+        self, answer: Answer, *, endpoint: str, latency_s: float, error: str | None
+    ) -> None:
+        dry_run = "true" if answer.request.get("dryRun") is True else "false"
+        decision = answer.decision
+        verdict = "error" if error else ("allowed" if decision.allowed else "denied")
+        self.requests.labels(endpoint, verdict, decision.mode, dry_run).inc()
+        for violation in decision.violations:
+            self.violations.labels(endpoint, violation["rule"], violation["action"], dry_run).inc()
+        if error:
+            self.errors.labels(endpoint, "evaluation").inc()
+        self.latency.labels(endpoint).observe(latency_s)
+
+    def reloaded(self, ok: bool) -> None:
+        self.reloads.labels(result="ok" if ok else "failed").inc()
+
+    def set_policy(self, name: str, digest: str) -> None:
+        self.policy_info.clear()
+        self.policy_info.labels(name=name, hash=digest).set(1)
+
+    def track_certificate(self, not_after: Callable[[], float | None]) -> None:
+        """Report expiry from a callable returning the certificate's notAfter (epoch s)."""
+
+        def seconds_left() -> float:
+            end = not_after()
+            return float("nan") if end is None else end - time.time()
+
+        self.certificate_expiry.set_function(seconds_left)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,287 @@
+"""The service as a process: listeners, background tasks, signals, workers, shutdown.
+
+``serve`` runs :func:`run`; tests and benchmarks start a :class:`Service` in their
+own event loop with :func:`start`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import multiprocessing
+import os
+import signal
+import socket
+import ssl
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, Final
+
+from aiohttp import web
+from opentelemetry.sdk.trace import TracerProvider
+
+from webhook.certs.contexts import CertificateReloader
+from webhook.certs.files import ensure_dev_certificates
+from webhook.certs.material import CertificateError, CertPaths
+from webhook.service.audit import AuditSink
+from webhook.service.metrics import Metrics
+from webhook.service.server import ServiceState, create_app, create_health_app
+from webhook.service.store import PolicyStore
+from webhook.service.tracing import configure as configure_tracing
+
+if TYPE_CHECKING:
+    # Imported when used: it loads the kubernetes client, which only this mode needs.
+    from webhook.certs.selfmanaged import SelfManagedConfig
+
+log = logging.getLogger(__name__)
+
+LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s %(message)s"
+
+
+@dataclass(slots=True)
+class ServerConfig:
+    host: str = "0.0.0.0"  # noqa: S104  # a webhook must be reachable from the apiserver
+    port: int = 8443
+    health_port: int = 8080
+    policy: str | None = None
+    cert_dir: str = "certs"
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    client_ca: str | None = None
+    audit_log: str = "-"
+    audit_max_bytes: int = 100 << 20
+    audit_backups: int = 5
+    workers: int = 1
+    sans: list[str] = field(default_factory=list)
+    shutdown_timeout: float = 15.0
+    policy_poll_interval: float = 1.0
+    cert_poll_interval: float = 10.0
+    reuse_port: bool = False
+    # Certificates from a Secret the webhook keeps itself, written to cert_dir.
+    self_managed: SelfManagedConfig | None = None
+
+
+def _listen(host: str, port: int, *, reuse_port: bool) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((host, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+@dataclass(slots=True)
+class Service:
+    """A running service: both runners and the background tasks, for a clean stop."""
+
+    runner: web.AppRunner
+    health_runner: web.AppRunner
+    state: ServiceState
+    store: PolicyStore
+    sink: AuditSink
+    tasks: list[asyncio.Task[None]]
+    port: int
+    health_port: int
+    metrics: Metrics
+    shutdown_timeout: float
+    tracer_provider: TracerProvider | None = None
+
+    async def stop(self) -> None:
+        """Stop accepting, finish in-flight requests, flush the audit log."""
+        self.state.ready = False
+        # Stop listening first but keep open connections reading: aiohttp's own
+        # shutdown stops reading at once, which would strand a request whose body
+        # is still arriving.
+        for site in list(self.runner.sites):
+            await site.stop()
+        deadline = time.monotonic() + self.shutdown_timeout
+        # A counter shared by every handler: a 10 ms poll while stopping costs nothing.
+        while self.state.in_flight and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.01)
+        for task in self.tasks:
+            task.cancel()
+        for task in self.tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await self.runner.cleanup()
+        await self.health_runner.cleanup()
+        await self.sink.aclose()
+        if self.tracer_provider is not None:
+            await asyncio.to_thread(self.tracer_provider.shutdown)
+
+
+async def start(
+    config: ServerConfig, *, ssl_context: ssl.SSLContext, extra_tasks: list[Any] | None = None
+) -> Service:
+    """Start both listeners; returns once they accept connections."""
+    store = PolicyStore(config.policy)
+    sink = AuditSink(
+        config.audit_log, max_bytes=config.audit_max_bytes, backups=config.audit_backups
+    )
+    metrics = Metrics()
+    metrics.set_policy(store.policy.name, store.policy.digest)
+
+    def on_reload(ok: bool) -> None:
+        metrics.reloaded(ok)
+        metrics.set_policy(store.policy.name, store.policy.digest)
+
+    store.listeners.append(on_reload)
+    state = ServiceState()
+    tracing = configure_tracing()
+    app = create_app(
+        store=store,
+        sink=sink,
+        metrics=metrics,
+        state=state,
+        observers=[tracing[0]] if tracing else [],
+    )
+    runner = web.AppRunner(
+        app, access_log=None, shutdown_timeout=config.shutdown_timeout, handle_signals=False
+    )
+    await runner.setup()
+    sock = _listen(config.host, config.port, reuse_port=config.reuse_port)
+    await web.SockSite(runner, sock, ssl_context=ssl_context).start()
+    health = create_health_app(state=state, metrics=metrics, store=store)
+    health_runner = web.AppRunner(health, access_log=None, handle_signals=False)
+    await health_runner.setup()
+    health_sock = _listen(config.host, config.health_port, reuse_port=config.reuse_port)
+    await web.SockSite(health_runner, health_sock).start()
+    tasks = [asyncio.create_task(store.watch(config.policy_poll_interval))]
+    tasks.extend(asyncio.create_task(coro) for coro in extra_tasks or [])
+    state.ready = True
+    return Service(
+        runner=runner,
+        health_runner=health_runner,
+        state=state,
+        store=store,
+        sink=sink,
+        tasks=tasks,
+        port=sock.getsockname()[1],
+        health_port=health_sock.getsockname()[1],
+        metrics=metrics,
+        shutdown_timeout=config.shutdown_timeout,
+        tracer_provider=tracing[1] if tracing else None,
+    )
+
+
+async def serve_forever(
+    config: ServerConfig,
+    *,
+    ssl_context: ssl.SSLContext,
+    extra_tasks: list[Any] | None = None,
+    certificate: CertificateReloader | None = None,
+) -> None:
+    """Serve until SIGTERM/SIGINT; SIGHUP reloads the policy."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    service = await start(config, ssl_context=ssl_context, extra_tasks=extra_tasks)
+    if certificate is not None:
+        service.metrics.track_certificate(lambda: certificate.not_after.timestamp())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, service.store.reload)
+    log.info(
+        "serving https://%s:%d (/mutate, /validate), health http://%s:%d, policy %s (%s), pid %d",
+        config.host,
+        service.port,
+        config.host,
+        service.health_port,
+        service.store.policy.name,
+        service.store.policy.digest,
+        os.getpid(),
+    )
+    await stop.wait()
+    log.info("stopping: draining %d in-flight requests", service.state.in_flight)
+    await service.stop()
+    log.info("stopped after %d answers", service.state.served)
+
+
+def tls_for(config: ServerConfig) -> CertificateReloader:
+    """The certificate source: given files, the self-managed pair in ``cert_dir``, or
+    development certificates in ``cert_dir``."""
+    if config.tls_cert or config.tls_key:
+        if not (config.tls_cert and config.tls_key):
+            raise CertificateError(
+                config.tls_cert or config.tls_key or "", "--tls-cert and --tls-key go together"
+            )
+        return CertificateReloader(config.tls_cert, config.tls_key, client_ca_file=config.client_ca)
+    if config.self_managed is not None:
+        # Written there by webhook.certs.selfmanaged before the server starts.
+        paths = CertPaths.in_directory(config.cert_dir)
+        return CertificateReloader(paths.cert_file, paths.key_file, client_ca_file=config.client_ca)
+    paths = ensure_dev_certificates(config.cert_dir, extra_sans=config.sans)
+    return CertificateReloader(paths.cert_file, paths.key_file, client_ca_file=config.client_ca)
+
+
+def _serve_process(config: ServerConfig, manage_certificates: bool = True) -> None:
+    """One serving process; with ``manage_certificates`` it also runs the self-managed
+    certificate loop (in one process of a pod only)."""
+    asyncio.run(_serve(config, manage_certificates=manage_certificates))
+
+
+def _worker(config: ServerConfig, manage_certificates: bool, log_level: int) -> None:
+    # A spawned process starts with logging unconfigured: log like the parent.
+    logging.basicConfig(level=log_level, stream=sys.stderr, format=LOG_FORMAT)
+    _serve_process(config, manage_certificates)
+
+
+async def _serve(config: ServerConfig, *, manage_certificates: bool) -> None:
+    extra_tasks: list[Any] = []
+    if config.self_managed is not None and manage_certificates:
+        from webhook.certs.selfmanaged import SelfManagedCertificates
+
+        manager = SelfManagedCertificates.from_config(config.self_managed, cert_dir=config.cert_dir)
+        # The first serving pair must be on disk before the server loads it.
+        await manager.ensure_ready(config.self_managed.ready_timeout)
+        extra_tasks.append(manager.run())
+    reloader = tls_for(config)
+    extra_tasks.append(reloader.watch(config.cert_poll_interval))
+    await serve_forever(
+        config, ssl_context=reloader.server_context, extra_tasks=extra_tasks, certificate=reloader
+    )
+
+
+async def _fetch_self_managed(config: SelfManagedConfig, cert_dir: str) -> None:
+    from webhook.certs.selfmanaged import SelfManagedCertificates
+
+    manager = SelfManagedCertificates.from_config(config, cert_dir=cert_dir)
+    await manager.ensure_ready(config.ready_timeout)
+
+
+def run(config: ServerConfig) -> int:
+    """Serve in this process, or in ``workers`` processes sharing the ports."""
+    # Certificates are on disk before any worker starts: development certificates are
+    # generated once here; self-managed ones are fetched (or issued) once here, then
+    # kept current by the first worker, all workers sharing one Lease identity.
+    if config.self_managed is None:
+        tls_for(config)
+    elif config.workers > 1:
+        asyncio.run(_fetch_self_managed(config.self_managed, config.cert_dir))
+    if config.workers <= 1:
+        _serve_process(config)
+        return 0
+    context = multiprocessing.get_context("spawn")
+    shared = replace(config, reuse_port=True)
+    level = logging.getLogger().getEffectiveLevel()
+    workers = [
+        context.Process(target=_worker, args=(shared, i == 0, level), name=f"worker-{i}")
+        for i in range(config.workers)
+    ]
+    for worker in workers:
+        worker.start()
+
+    def forward(signum: int, _frame: object) -> None:
+        for worker in workers:
+            if worker.pid is not None and worker.is_alive():
+                os.kill(worker.pid, signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, forward)
+    for worker in workers:
+        worker.join()
+    return max((w.exitcode or 0) for w in workers)

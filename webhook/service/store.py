@@ -1,0 +1,71 @@
+"""The policy in force, reloaded when its file changes or on SIGHUP.
+
+A bad file never replaces a good policy: its errors are logged and counted, and the
+last good policy keeps deciding (readiness stays up).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from webhook.files import Fingerprint, fingerprint
+from webhook.policies import DEFAULT_POLICY, PolicyError, load_policy
+
+log = logging.getLogger(__name__)
+
+
+class PolicyStore:
+    def __init__(self, path: str | Path | None) -> None:
+        self.path = Path(path) if path is not None else None
+        self.reloads_ok = 0
+        self.reloads_failed = 0
+        self.listeners: list[Callable[[bool], None]] = []
+        self._fingerprint: Fingerprint = None
+        if self.path is None:
+            self.policy = DEFAULT_POLICY
+        else:
+            self._fingerprint = fingerprint(self.path)
+            self.policy = load_policy(self.path)  # a bad file at start is fatal: raise
+
+    def reload(self) -> bool:
+        """Re-read the file; True when a new valid policy is in force."""
+        if self.path is None:
+            return False
+        self._fingerprint = fingerprint(self.path)
+        try:
+            policy = load_policy(self.path)
+        except PolicyError as exc:
+            self.reloads_failed += 1
+            for error in exc.errors:
+                log.error(
+                    "policy reload refused, keeping %s: %s: %s",
+                    self.policy.digest,
+                    exc.source,
+                    error,
+                )
+            self._notify(ok=False)
+            return False
+        changed = policy.digest != self.policy.digest
+        self.policy = policy
+        self.reloads_ok += 1
+        if changed:
+            log.info("policy %s (%s) in force from %s", policy.name, policy.digest, self.path)
+        self._notify(ok=True)
+        return changed
+
+    def _notify(self, *, ok: bool) -> None:
+        for listener in self.listeners:
+            listener(ok)
+
+    def changed_on_disk(self) -> bool:
+        return self.path is not None and fingerprint(self.path) != self._fingerprint
+
+    async def watch(self, interval: float = 1.0) -> None:
+        """Poll the file; cheap (one stat) and works for ConfigMap symlink swaps."""
+        while True:
+            await asyncio.sleep(interval)
+            if self.changed_on_disk():
+                self.reload()
