@@ -1,4 +1,4 @@
-"""The ``gpushare-webhook`` command line: review, lint, serve, certs, manifests.
+"""The ``gpushare-webhook`` command line: review, lint, serve, certs, manifests, verify.
 
 Each subcommand lives in a module of its own with a ``register`` function; this one
 assembles them and maps domain errors to one clear line on stderr and an exit code,
@@ -11,7 +11,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from webhook.cli import certs, manifests, review, serve
+from webhook.cli import certs, manifests, review, serve, verify
 from webhook.cli.common import EXIT_OK, EXIT_USAGE, Parser, UsageError
 from webhook.core.policy import PolicyError
 
@@ -22,7 +22,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Admission webhook and policy enforcement for GPU sharing on Kubernetes.",
     )
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in (review, serve, certs, manifests):
+    for command in (review, serve, certs, manifests, verify):
         command.register(commands)
     return parser
 
