@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
-from webhook.core.policy import Mode, Policy
+from webhook.core.policy import Mode, NodeSelectorMode, Policy
 from webhook.core.resources import Finding, PodRequests
 
 # Values other projects write for the same modes (HAMi's nvidia.com/vgpu-mode: hami-core).
@@ -26,20 +26,10 @@ class ModeChoice:
     findings: list[Finding] = field(default_factory=list)
 
 
-def choose_mode(
-    *,
-    annotations: Mapping[str, Any],
-    node_selector: Mapping[str, Any],
-    namespace: str,
-    requests: PodRequests,
-    policy: Policy,
-) -> ModeChoice:
-    """The mode of a pod, with mode-conflict findings when it cannot be honoured."""
-    if not requests.gpu:
-        return ModeChoice(mode="none", source="no GPU request")
-    findings: list[Finding] = []
-    mode: Mode | None = None
-    source = ""
+def _annotated_mode(
+    annotations: Mapping[str, Any], policy: Policy, findings: list[Finding]
+) -> tuple[Mode, str] | None:
+    """The mode the first mode annotation names; findings for values that are no mode."""
     for key in policy.mode_annotations:
         raw = annotations.get(key)
         if raw is None:
@@ -52,67 +42,97 @@ def choose_mode(
                 )
             )
             continue
-        mode, source = value, f"annotation {key}"
-        break
-    selected = [
-        s for s in policy.node_selector_modes if str(node_selector.get(s.key, "\0")) == s.value
-    ]
-    if mode is None and selected:
-        mode, source = selected[0].mode, f"nodeSelector {selected[0].key}={selected[0].value}"
-    if mode is None and requests.mig:
-        mode, source = "mig", "MIG resources"
-    if mode is None:
-        for candidate, namespaces in policy.namespace_modes.items():
-            if namespace in namespaces:
-                mode, source = candidate, f"namespace {namespace}"  # type: ignore[assignment]
-                break
-    if mode is None:
-        mode, source = policy.default_mode, "policy default"
+        return value, f"annotation {key}"
+    return None
 
+
+def _container_conflicts(requests: PodRequests, mode: Mode, source: str) -> Iterator[Finding]:
+    """Containers whose resources the pod's mode cannot satisfy."""
     for request in requests.containers:
         if request.mig and request.shares:
-            findings.append(
-                Finding(
-                    "mode-conflict",
-                    f"{request.label}: MIG and shared-GPU resources in one container; keep one",
-                )
+            yield Finding(
+                "mode-conflict",
+                f"{request.label}: MIG and shared-GPU resources in one container; keep one",
             )
         elif request.mig and mode != "mig":
-            findings.append(
-                Finding(
-                    "mode-conflict", f"{request.label}: asks for MIG but the pod's mode is {mode}"
-                )
+            yield Finding(
+                "mode-conflict", f"{request.label}: asks for MIG but the pod's mode is {mode}"
             )
         elif request.shares and mode == "mig":
-            findings.append(
-                Finding(
-                    "mode-conflict",
-                    f"{request.label}: shared-GPU resources in a MIG pod; ask for nvidia.com/mig-*",
-                )
+            yield Finding(
+                "mode-conflict",
+                f"{request.label}: shared-GPU resources in a MIG pod; ask for nvidia.com/mig-*",
             )
         elif request.shares and mode == "none" and source != "policy default":
-            findings.append(
-                Finding("mode-conflict", f"{request.label}: GPU resources but mode none ({source})")
+            yield Finding(
+                "mode-conflict", f"{request.label}: GPU resources but mode none ({source})"
             )
+
+
+def _placement_conflicts(
+    *,
+    mode: Mode,
+    source: str,
+    selected: Sequence[NodeSelectorMode],
+    node_selector: Mapping[str, Any],
+    namespace: str,
+    policy: Policy,
+) -> Iterator[Finding]:
+    """Node selectors that mean another mode, and a mode the namespace may not use."""
     for s in selected:
         if s.mode != mode:
-            findings.append(
-                Finding(
-                    "mode-conflict",
-                    f"nodeSelector {s.key}={s.value} means {s.mode} but the mode is {mode} ({source})",
-                )
+            yield Finding(
+                "mode-conflict",
+                f"nodeSelector {s.key}={s.value} means {s.mode} but the mode is {mode} ({source})",
             )
     if mode == "mps":
         for key, wanted in policy.mps_node_selector.items():
             have = node_selector.get(key)
             if have is not None and str(have) != wanted:
-                findings.append(
-                    Finding(
-                        "mode-conflict", f'nodeSelector {key}="{have}" but MPS pods need "{wanted}"'
-                    )
+                yield Finding(
+                    "mode-conflict", f'nodeSelector {key}="{have}" but MPS pods need "{wanted}"'
                 )
     if mode != "none" and not policy.mode_allowed(mode, namespace):
-        findings.append(
-            Finding("mode-conflict", f'namespace "{namespace}" may not use mode {mode} ({source})')
+        yield Finding(
+            "mode-conflict", f'namespace "{namespace}" may not use mode {mode} ({source})'
         )
+
+
+def choose_mode(
+    *,
+    annotations: Mapping[str, Any],
+    node_selector: Mapping[str, Any],
+    namespace: str,
+    requests: PodRequests,
+    policy: Policy,
+) -> ModeChoice:
+    """The mode of a pod, with mode-conflict findings when it cannot be honoured."""
+    if not requests.gpu:
+        return ModeChoice(mode="none", source="no GPU request")
+    findings: list[Finding] = []
+    chosen = _annotated_mode(annotations, policy, findings)
+    selected = [
+        s for s in policy.node_selector_modes if str(node_selector.get(s.key, "\0")) == s.value
+    ]
+    if chosen is None and selected:
+        chosen = selected[0].mode, f"nodeSelector {selected[0].key}={selected[0].value}"
+    if chosen is None and requests.mig:
+        chosen = "mig", "MIG resources"
+    if chosen is None:
+        for candidate, namespaces in policy.namespace_modes.items():
+            if namespace in namespaces:
+                chosen = candidate, f"namespace {namespace}"  # type: ignore[assignment]
+                break
+    mode, source = chosen if chosen is not None else (policy.default_mode, "policy default")
+    findings.extend(_container_conflicts(requests, mode, source))
+    findings.extend(
+        _placement_conflicts(
+            mode=mode,
+            source=source,
+            selected=selected,
+            node_selector=node_selector,
+            namespace=namespace,
+            policy=policy,
+        )
+    )
     return ModeChoice(mode=mode, source=source, findings=findings)

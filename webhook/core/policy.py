@@ -234,6 +234,8 @@ class Policy:
     pod_maxima: Maxima
     spec: Mapping[str, Any] = field(repr=False, compare=False)
     gpu_resources: frozenset[str] = field(init=False, repr=False, compare=False)
+    # Resources that ask for memory in MiB or GiB: a container may name only one.
+    memory_resources: frozenset[str] = field(init=False, repr=False, compare=False)
     # reserved_annotations as one compiled pattern: a glob match per key and pattern
     # (fnmatch) costs microseconds on every request.
     reserved_pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
@@ -248,6 +250,9 @@ class Policy:
             | self.memory_percentage_resources
             | self.cores_resources
             | self.priority_resources,
+        )
+        object.__setattr__(
+            self, "memory_resources", self.memory_mib_resources | self.memory_gib_resources
         )
         globs = [fnmatch.translate(p) for p in self.reserved_annotations] or ["(?!)"]
         object.__setattr__(self, "reserved_pattern", re.compile("|".join(globs)))

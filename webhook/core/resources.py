@@ -157,6 +157,68 @@ def _same_quantity(a: Any, b: Any) -> bool:
     return first is not None and second is not None and first.value == second.value
 
 
+def _raw_value(
+    resource: str,
+    limits: Mapping[str, Any],
+    requests: Mapping[str, Any],
+    request: ContainerRequest,
+) -> Any:
+    """The value of ``resource`` (its limit), with findings when requests and limits disagree."""
+    label = request.label
+    if resource not in limits:
+        request.problems.append(
+            Finding(
+                "invalid-gpu-request",
+                f"{label}: {resource} is in requests but not limits; set it in limits",
+            )
+        )
+        return requests[resource]
+    raw = limits[resource]
+    if resource in requests and not _same_quantity(requests[resource], raw):
+        request.problems.append(
+            Finding(
+                "invalid-gpu-request",
+                f'{label}: {resource} request "{requests[resource]}" differs from '
+                f'limit "{raw}"; make them equal',
+            )
+        )
+    return raw
+
+
+def _read_sharing(resource: str, raw: Any, request: ContainerRequest, policy: Policy) -> None:
+    """One slice resource (count, memory, percentage, cores, priority) into ``request``."""
+    label = request.label
+    problem: Finding | None
+    if resource in policy.count_resources:
+        count, problem = _integer(raw, resource=resource, label=label, unit="count")
+        request.gpus = count or 1
+    elif resource in policy.memory_mib_resources:
+        value, problem = _integer(raw, resource=resource, label=label, unit="MiB")
+        if value is not None:
+            request.memory_mib = value
+    elif resource in policy.memory_gib_resources:
+        value, problem = _integer(raw, resource=resource, label=label, unit="GiB")
+        if value is not None:
+            request.memory_mib = value * 1024
+    elif resource in policy.memory_percentage_resources:
+        request.memory_percentage, problem = _integer(
+            raw, resource=resource, label=label, unit="percent"
+        )
+    elif resource in policy.cores_resources:
+        request.cores, problem = _integer(raw, resource=resource, label=label, unit="percent")
+    else:  # priority
+        text = str(raw).strip()
+        problem = None
+        if _PRIORITY.fullmatch(text):
+            request.priority = int(text)
+        else:
+            problem = Finding(
+                "invalid-gpu-request", f'{label}: {resource} "{raw}" must be an integer priority'
+            )
+    if problem:
+        request.problems.append(problem)
+
+
 def read_container(
     container: Mapping[str, Any], *, kind: ContainerKind, index: int, policy: Policy
 ) -> ContainerRequest | None:
@@ -172,69 +234,22 @@ def read_container(
     name = container.get("name")
     request = ContainerRequest(kind=kind, index=index, name=name if isinstance(name, str) else "")
     label = request.label
-    memory_names: list[str] = []
     for resource in names:
-        if resource not in limits:
-            request.problems.append(
-                Finding(
-                    "invalid-gpu-request",
-                    f"{label}: {resource} is in requests but not limits; set it in limits",
-                )
-            )
-            raw = requests[resource]
-        else:
-            raw = limits[resource]
-            if resource in requests and not _same_quantity(requests[resource], raw):
-                request.problems.append(
-                    Finding(
-                        "invalid-gpu-request",
-                        f'{label}: {resource} request "{requests[resource]}" differs from '
-                        f'limit "{raw}"; make them equal',
-                    )
-                )
+        raw = _raw_value(resource, limits, requests, request)
         if resource.startswith(policy.mig_prefixes):
             count, problem = _integer(raw, resource=resource, label=label, unit="count")
             if problem:
                 request.problems.append(problem)
             request.mig[resource] = count or 1
-            continue
-        request.sharing_resources.append(resource)
-        if resource in policy.count_resources:
-            count, problem = _integer(raw, resource=resource, label=label, unit="count")
-            request.gpus = count or 1
-        elif resource in policy.memory_mib_resources:
-            memory_names.append(resource)
-            value, problem = _integer(raw, resource=resource, label=label, unit="MiB")
-            if value is not None:
-                request.memory_mib = value
-        elif resource in policy.memory_gib_resources:
-            memory_names.append(resource)
-            value, problem = _integer(raw, resource=resource, label=label, unit="GiB")
-            if value is not None:
-                request.memory_mib = value * 1024
-        elif resource in policy.memory_percentage_resources:
-            value, problem = _integer(raw, resource=resource, label=label, unit="percent")
-            request.memory_percentage = value
-        elif resource in policy.cores_resources:
-            value, problem = _integer(raw, resource=resource, label=label, unit="percent")
-            request.cores = value
-        else:  # priority
-            text = str(raw).strip()
-            problem = None
-            if _PRIORITY.fullmatch(text):
-                request.priority = int(text)
-            else:
-                problem = Finding(
-                    "invalid-gpu-request",
-                    f'{label}: {resource} "{raw}" must be an integer priority',
-                )
-        if problem:
-            request.problems.append(problem)
+        else:
+            request.sharing_resources.append(resource)
+            _read_sharing(resource, raw, request, policy)
+    memory_names = sorted(n for n in request.sharing_resources if n in policy.memory_resources)
     if len(memory_names) > 1:
         request.problems.append(
             Finding(
                 "invalid-gpu-request",
-                f"{label}: asks for memory twice ({', '.join(sorted(memory_names))}); keep one",
+                f"{label}: asks for memory twice ({', '.join(memory_names)}); keep one",
             )
         )
     if request.memory_mib is not None and request.memory_percentage is not None:
