@@ -17,7 +17,6 @@ from webhook.certs.rotation import (
     CA_CERT,
     CA_KEY,
     ROLLED_AT,
-    SECRET_KEYS,
     SERVING_CERT,
     SERVING_KEY,
     Decision,
@@ -33,6 +32,8 @@ NAMESPACE = "gpushare-system"
 HOST = f"{SERVICE}.{NAMESPACE}.svc"
 T0 = datetime(2030, 1, 1, tzinfo=UTC)
 DAY = timedelta(days=1)
+# Spelled out here, not taken from the code under test, so a key it drops is noticed.
+SECRET_KEYS = (CA_CERT, CA_KEY, SERVING_CERT, SERVING_KEY, CA_BUNDLE)
 
 
 @dataclass

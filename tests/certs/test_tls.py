@@ -78,6 +78,26 @@ def expired_serving_pair(ca: material.KeyPair) -> material.KeyPair:
     return material.KeyPair(cert, key)
 
 
+def client_pair(ca: material.KeyPair, *, common_name: str) -> material.KeyPair:
+    """What the apiserver presents when the webhook asks for a client certificate
+    (nothing in the webhook issues one, so the tests build it)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    now = datetime.now(UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca.cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - timedelta(minutes=5))
+        .not_valid_after(ca.not_after)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca.key, hashes.SHA256())
+    )
+    return material.KeyPair(cert, key)
+
+
 def read_cert(path: Path) -> x509.Certificate:
     return x509.load_pem_x509_certificate(path.read_bytes())
 
@@ -696,17 +716,13 @@ async def test_mutual_tls_requires_a_client_certificate_from_the_client_ca(
     apiserver = files.write_files(
         tmp_path / "apiserver",
         ca=client_ca,
-        serving=issue.generate_client(
-            ca=client_ca, common_name="kube-apiserver", valid_for=ONE_DAY
-        ),
+        serving=client_pair(client_ca, common_name="kube-apiserver"),
     )
     impostor_ca = issue.generate_ca(common_name="apiserver client CA", valid_for=ONE_DAY)
     impostor = files.write_files(
         tmp_path / "impostor",
         ca=impostor_ca,
-        serving=issue.generate_client(
-            ca=impostor_ca, common_name="kube-apiserver", valid_for=ONE_DAY
-        ),
+        serving=client_pair(impostor_ca, common_name="kube-apiserver"),
     )
     reloader = contexts.CertificateReloader(
         paths.cert_file, paths.key_file, client_ca_file=client_ca_file

@@ -27,7 +27,14 @@ from cryptography.x509.verification import PolicyBuilder, Store, VerificationErr
 
 from webhook.certs.lease import read_json
 from webhook.certs.material import CertificateError
-from webhook.certs.rotation import CA_BUNDLE, CA_CERT, SECRET_KEYS, SERVING_CERT, parse_bundle
+from webhook.certs.rotation import (
+    CA_BUNDLE,
+    CA_CERT,
+    CA_KEY,
+    SERVING_CERT,
+    SERVING_KEY,
+    parse_bundle,
+)
 from webhook.certs.selfmanaged import SelfManagedCertificates
 from webhook.dev.cluster import DevCluster, free_port
 
@@ -41,6 +48,8 @@ LEASE = f"{SECRET}-leader"
 # Short enough that a failover takes seconds; the production lease is 30 s.
 LEASE_SECONDS = 2.0
 WAIT = 20.0
+# Spelled out here, not taken from the code under test, so a key it drops is noticed.
+SECRET_KEYS = (CA_CERT, CA_KEY, SERVING_CERT, SERVING_KEY, CA_BUNDLE)
 
 T = TypeVar("T")
 

@@ -1,4 +1,4 @@
-"""Issuing keys and certificates: a CA, serving certificates and client certificates.
+"""Issuing keys and certificates: a CA and the serving certificates it signs.
 
 The apiserver only talks to a webhook over TLS, and it pins the CA it was given in
 the webhook configuration's ``caBundle``. The CA's private key is never written by
@@ -117,12 +117,11 @@ def _key_usage(
     )
 
 
-def _issue_leaf(
+def _issue_serving(
     *,
     ca: KeyPair,
     common_name: str,
     sans: list[x509.GeneralName],
-    usage: x509.ObjectIdentifier,
     valid_for: timedelta,
     key_type: KeyType,
     now: datetime | None = None,
@@ -144,17 +143,16 @@ def _issue_leaf(
         aki = x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski)
     except x509.ExtensionNotFound:
         aki = x509.AuthorityKeyIdentifier.from_issuer_public_key(ca.key.public_key())
-    if sans:
-        # RFC 5280 4.2.1.6: with an empty subject the SAN must be critical.
-        builder = builder.add_extension(x509.SubjectAlternativeName(sans), critical=not subject)
     cert = (
-        builder.add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        # RFC 5280 4.2.1.6: with an empty subject the SAN must be critical.
+        builder.add_extension(x509.SubjectAlternativeName(sans), critical=not subject)
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
         .add_extension(
             # RSA key exchange (TLS 1.2 without ECDHE) encrypts to the key itself.
             _key_usage(digital_signature=True, key_encipherment=isinstance(key, rsa.RSAPrivateKey)),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([usage]), critical=False)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
         .add_extension(aki, critical=False)
         .sign(ca.key, hashes.SHA256())
     )
@@ -178,32 +176,13 @@ def generate_serving(
         raise ValueError("a serving certificate needs at least one DNS name or IP address")
     sans: list[x509.GeneralName] = [x509.DNSName(name) for name in names]
     sans += [x509.IPAddress(ip) for ip in ips]
-    return _issue_leaf(
+    return _issue_serving(
         ca=ca,
         common_name=names[0] if names else str(ips[0]),
         sans=sans,
-        usage=ExtendedKeyUsageOID.SERVER_AUTH,
         valid_for=valid_for,
         key_type=key_type,
         now=now,
-    )
-
-
-def generate_client(
-    *, ca: KeyPair, common_name: str, valid_for: timedelta, key_type: KeyType = "ecdsa-p256"
-) -> KeyPair:
-    """A TLS client certificate (what the apiserver presents when the webhook asks for mTLS)."""
-    if not _name(common_name):
-        raise ValueError(
-            f"a client certificate needs a common name of 1..{MAX_COMMON_NAME} characters"
-        )
-    return _issue_leaf(
-        ca=ca,
-        common_name=common_name,
-        sans=[],
-        usage=ExtendedKeyUsageOID.CLIENT_AUTH,
-        valid_for=valid_for,
-        key_type=key_type,
     )
 
 

@@ -44,7 +44,6 @@ CA_KEY: Final = "ca.key"
 SERVING_CERT: Final = "tls.crt"
 SERVING_KEY: Final = "tls.key"
 CA_BUNDLE: Final = "ca-bundle.crt"
-SECRET_KEYS: Final = (CA_CERT, CA_KEY, SERVING_CERT, SERVING_KEY, CA_BUNDLE)
 ROLLED_AT: Final = "gpushare.io/ca-rolled-at"
 
 # A serving certificate kept through a CA roll must outlive the step after it.
@@ -197,80 +196,141 @@ def decide(
     names = service_dns_names(service, namespace)
     material = Material.from_secret(data, annotations)
     reasons = [f"ignored {problem}" for problem in material.problems]
-
-    ca, previous, rolled_at = material.ca, material.previous_ca, material.rolled_at
-    rolled = False
-    ca_problem = _ca_problem(material, now=now)
-    if ca_problem is None and ca is not None and _due(ca.cert, now, policy.ca_renew_before):
-        ca_problem = _expiry(ca.cert, now)
-    if ca_problem is not None:
-        old = material.ca_cert
-        ca = generate_ca(
-            common_name=f"gpushare-webhook CA {now:%Y-%m-%d %H:%M:%S}",
-            valid_for=policy.ca_valid_for,
-            key_type=policy.key_type,
-            now=now,
-        )
-        if old is not None and old.not_valid_after_utc > now:
-            # Replicas still present certificates the old CA signed: keep trusting it.
-            previous, rolled_at, rolled = old, now, True
-            reasons.append(f"rolled the CA ({ca_problem}); the bundle holds the new and the old")
-        else:
-            previous, rolled_at = None, None
-            reasons.append(f"issued a CA ({ca_problem})")
-    assert ca is not None
-
-    serving = material.serving
-    problem = _serving_problem(
-        material, ca.cert, names, now=now, renew_before=policy.leaf_renew_before
+    trust = _renew_ca(material, now=now, policy=policy, reasons=reasons)
+    serving = _renew_serving(material, trust, names=names, now=now, policy=policy, reasons=reasons)
+    previous, rolled_at = _retire_old_ca(
+        trust, serving, now=now, grace=policy.old_ca_grace, reasons=reasons
     )
-    if problem is not None:
-        keep = (
-            rolled
-            and previous is not None
-            and _serving_problem(
-                material, previous, names, now=now, renew_before=_KEEP_THROUGH_ROLL
-            )
-            is None
-        )
-        if keep:
-            reasons.append(
-                "kept the serving certificate of the old CA until the new bundle is published"
-            )
-        else:
-            serving = generate_serving(
-                ca=ca,
-                dns_names=names,
-                ip_addresses=(),
-                valid_for=policy.leaf_valid_for,
-                key_type=policy.key_type,
-                now=now,
-            )
-            reasons.append(f"issued a serving certificate ({problem})")
-    assert serving is not None
-
-    if previous is not None:
-        if previous.not_valid_after_utc <= now:
-            reasons.append(f"dropped the old CA: it expired {_when(previous.not_valid_after_utc)}")
-            previous = None
-        elif rolled_at is None:
-            # Someone removed the roll time: keeping the old CA longer is always safe.
-            rolled_at = now
-            reasons.append(f"found an old CA with no {ROLLED_AT}: kept from now on")
-        elif now - rolled_at >= policy.old_ca_grace and not _signed_by(serving.cert, previous):
-            reasons.append(f"dropped the old CA: the roll at {_when(rolled_at)} is over")
-            previous = None
-    if previous is None:
-        rolled_at = None
-
     result = Material(
-        ca_cert=ca.cert,
-        ca_key=ca.key,
+        ca_cert=trust.ca.cert,
+        ca_key=trust.ca.key,
         serving_cert=serving.cert,
         serving_key=serving.key,
         previous_ca=previous,
         rolled_at=rolled_at,
     )
+    return _compare_with_secret(result, data=data, annotations=annotations, reasons=reasons)
+
+
+# -- the steps -------------------------------------------------------------------------
+# Each appends to ``reasons`` what it did, in the order the log should tell it.
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Trust:
+    """The CA after its renewal check, and the previous CA the bundle still holds."""
+
+    ca: KeyPair
+    previous: x509.Certificate | None
+    rolled_at: datetime | None
+    # Set only in the step that rolls: the old CA's serving certificate may then stay.
+    rolled: bool = False
+
+
+def _renew_ca(
+    material: Material, *, now: datetime, policy: RotationPolicy, reasons: list[str]
+) -> _Trust:
+    """Keep the CA, or issue a new one when it is unusable or due (rolling when the old
+    one is still valid)."""
+    ca = material.ca
+    problem = _ca_problem(material, now=now)
+    if problem is None and ca is not None and _due(ca.cert, now, policy.ca_renew_before):
+        problem = _expiry(ca.cert, now)
+    if problem is None:
+        assert ca is not None
+        return _Trust(ca=ca, previous=material.previous_ca, rolled_at=material.rolled_at)
+    new = generate_ca(
+        common_name=f"gpushare-webhook CA {now:%Y-%m-%d %H:%M:%S}",
+        valid_for=policy.ca_valid_for,
+        key_type=policy.key_type,
+        now=now,
+    )
+    old = material.ca_cert
+    if old is not None and old.not_valid_after_utc > now:
+        # Replicas still present certificates the old CA signed: keep trusting it.
+        reasons.append(f"rolled the CA ({problem}); the bundle holds the new and the old")
+        return _Trust(ca=new, previous=old, rolled_at=now, rolled=True)
+    reasons.append(f"issued a CA ({problem})")
+    return _Trust(ca=new, previous=None, rolled_at=None)
+
+
+def _renew_serving(
+    material: Material,
+    trust: _Trust,
+    *,
+    names: Sequence[str],
+    now: datetime,
+    policy: RotationPolicy,
+    reasons: list[str],
+) -> KeyPair:
+    """Keep the serving pair, or issue one from the current CA when it is unusable or due."""
+    problem = _serving_problem(
+        material, trust.ca.cert, names, now=now, renew_before=policy.leaf_renew_before
+    )
+    if problem is None:
+        assert material.serving is not None
+        return material.serving
+    if _keeps_through_roll(material, trust, names=names, now=now):
+        reasons.append(
+            "kept the serving certificate of the old CA until the new bundle is published"
+        )
+        assert material.serving is not None
+        return material.serving
+    serving = generate_serving(
+        ca=trust.ca,
+        dns_names=names,
+        ip_addresses=(),
+        valid_for=policy.leaf_valid_for,
+        key_type=policy.key_type,
+        now=now,
+    )
+    reasons.append(f"issued a serving certificate ({problem})")
+    return serving
+
+
+def _keeps_through_roll(
+    material: Material, trust: _Trust, *, names: Sequence[str], now: datetime
+) -> bool:
+    # The apiserver trusts the new CA only once the next check has published the bundle.
+    return (
+        trust.rolled
+        and trust.previous is not None
+        and _serving_problem(
+            material, trust.previous, names, now=now, renew_before=_KEEP_THROUGH_ROLL
+        )
+        is None
+    )
+
+
+def _retire_old_ca(
+    trust: _Trust, serving: KeyPair, *, now: datetime, grace: timedelta, reasons: list[str]
+) -> tuple[x509.Certificate | None, datetime | None]:
+    """The previous CA and roll time to keep: none once the old CA expired, or ``grace``
+    after the roll when the serving certificate no longer needs it."""
+    previous, rolled_at = trust.previous, trust.rolled_at
+    if previous is None:
+        return None, None
+    if previous.not_valid_after_utc <= now:
+        reasons.append(f"dropped the old CA: it expired {_when(previous.not_valid_after_utc)}")
+        return None, None
+    if rolled_at is None:
+        # Someone removed the roll time: keeping the old CA longer is always safe.
+        reasons.append(f"found an old CA with no {ROLLED_AT}: kept from now on")
+        return previous, now
+    if now - rolled_at >= grace and not _signed_by(serving.cert, previous):
+        reasons.append(f"dropped the old CA: the roll at {_when(rolled_at)} is over")
+        return None, None
+    return previous, rolled_at
+
+
+def _compare_with_secret(
+    result: Material,
+    *,
+    data: Mapping[str, bytes],
+    annotations: Mapping[str, str],
+    reasons: list[str],
+) -> Decision:
+    """``result`` as the Secret's next content, changed when it differs from what was read."""
     out_data = result.secret_data()
     out_annotations = result.annotations()
     changed = any(data.get(key) != value for key, value in out_data.items()) or annotations.get(

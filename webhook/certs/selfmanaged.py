@@ -50,7 +50,6 @@ from webhook.certs.rotation import (
     ROLLED_AT,
     Decision,
     Material,
-    RotationPolicy,
     decide,
     parse_bundle,
 )
@@ -64,6 +63,9 @@ _LABELS: Final = {
     "app.kubernetes.io/name": "gpushare-webhook",
     "app.kubernetes.io/part-of": "gpushare",
 }
+
+
+_ConfigurationApi = tuple[str, Callable[..., Any], Callable[..., Any]]
 
 
 class SelfManagedError(CertificateError):
@@ -136,13 +138,11 @@ class SelfManagedCertificates:
         webhook_config: str,
         cert_dir: str | os.PathLike[str],
         identity: str | None = None,
-        policy: RotationPolicy | None = None,
         clock: Callable[[], datetime] = _utcnow,
         interval: float = CHECK_INTERVAL,
         lease_duration: float = LEASE_DURATION,
         renew_interval: float = RENEW_INTERVAL,
         request_timeout: float = 10.0,
-        release_on_stop: bool = True,
     ) -> None:
         from kubernetes import client
 
@@ -158,12 +158,12 @@ class SelfManagedCertificates:
         self.secret = secret
         self.webhook_config = webhook_config
         self.paths = CertPaths.in_directory(cert_dir)
-        self._policy = policy or RotationPolicy()
         self._clock = clock
         self._interval = interval
         self._renew_interval = renew_interval
         self._timeout = request_timeout
-        self.release_on_stop = release_on_stop
+        # A leader that stops gives its Lease up, so that another takes over at once.
+        self.release_on_stop = True
         self._elector = LeaseElector(
             client.CoordinationV1Api(api_client),
             namespace=namespace,
@@ -338,7 +338,6 @@ class SelfManagedCertificates:
             service=self.service,
             namespace=self.namespace,
             now=self._clock(),
-            policy=self._policy,
         )
         if decision.changed:
             if not self.is_leader:
@@ -412,7 +411,19 @@ class SelfManagedCertificates:
         ``webhook_config`` where it differs; True when something was written."""
         value = base64.b64encode(bundle).decode("ascii")
         written = False
-        for kind, read, patch in (
+        for kind, read, patch in self._webhook_configuration_apis():
+            config = self._read_webhook_configuration(kind, read)
+            if config is None:
+                continue
+            operations = _ca_bundle_patch(config, value)
+            if operations:
+                self._patch_webhook_configuration(kind, patch, operations, bundle=bundle)
+                written = True
+        return written
+
+    def _webhook_configuration_apis(self) -> list[_ConfigurationApi]:
+        """Each configuration kind with the calls that read and patch it."""
+        return [
             (
                 "MutatingWebhookConfiguration",
                 self._admission.read_mutating_webhook_configuration,
@@ -423,55 +434,48 @@ class SelfManagedCertificates:
                 self._admission.read_validating_webhook_configuration,
                 self._admission.patch_validating_webhook_configuration,
             ),
-        ):
-            try:
-                config = read_json(
-                    read(
-                        self.webhook_config, _preload_content=False, _request_timeout=self._timeout
-                    )
-                )
-            except ApiException as exc:
-                if exc.status != _NOT_FOUND:
-                    raise
-                if kind not in self._missing_configs:
-                    self._missing_configs.add(kind)
-                    log.warning(
-                        "%s %s does not exist: no caBundle written", kind, self.webhook_config
-                    )
-                continue
-            self._missing_configs.discard(kind)
-            operations: list[dict[str, Any]] = []
-            for index, hook in enumerate(config.get("webhooks") or []):
-                if (hook.get("clientConfig") or {}).get("caBundle") == value:
-                    continue
-                # The test makes the patch fail rather than land on a reordered list.
-                operations.append(
-                    {"op": "test", "path": f"/webhooks/{index}/name", "value": hook["name"]}
-                )
-                operations.append(
-                    {
-                        "op": "add",
-                        "path": f"/webhooks/{index}/clientConfig/caBundle",
-                        "value": value,
-                    }
-                )
-            if operations:
-                patch(
-                    self.webhook_config,
-                    operations,
-                    _content_type="application/json-patch+json",
-                    _preload_content=False,
-                    _request_timeout=self._timeout,
-                )
-                written = True
-                log.info(
-                    "%s %s: caBundle of %d webhooks now holds %d CAs",
-                    kind,
-                    self.webhook_config,
-                    len(operations) // 2,
-                    len(parse_bundle(bundle)),
-                )
-        return written
+        ]
+
+    def _read_webhook_configuration(
+        self, kind: str, read: Callable[..., Any]
+    ) -> dict[str, Any] | None:
+        """The configuration, or None (warned about once until it appears) when missing."""
+        try:
+            config: dict[str, Any] = read_json(
+                read(self.webhook_config, _preload_content=False, _request_timeout=self._timeout)
+            )
+        except ApiException as exc:
+            if exc.status != _NOT_FOUND:
+                raise
+            if kind not in self._missing_configs:
+                self._missing_configs.add(kind)
+                log.warning("%s %s does not exist: no caBundle written", kind, self.webhook_config)
+            return None
+        self._missing_configs.discard(kind)
+        return config
+
+    def _patch_webhook_configuration(
+        self,
+        kind: str,
+        patch: Callable[..., Any],
+        operations: list[dict[str, Any]],
+        *,
+        bundle: bytes,
+    ) -> None:
+        patch(
+            self.webhook_config,
+            operations,
+            _content_type="application/json-patch+json",
+            _preload_content=False,
+            _request_timeout=self._timeout,
+        )
+        log.info(
+            "%s %s: caBundle of %d webhooks now holds %d CAs",
+            kind,
+            self.webhook_config,
+            len(operations) // 2,
+            len(parse_bundle(bundle)),
+        )
 
     def _write_files(self, data: Mapping[str, bytes]) -> bool:
         material = Material.from_secret(data, {})
@@ -503,6 +507,21 @@ class SelfManagedCertificates:
             serving.not_after.isoformat(),
         )
         return True
+
+
+def _ca_bundle_patch(config: Mapping[str, Any], value: str) -> list[dict[str, Any]]:
+    """The JSON patch that sets the base64 caBundle ``value`` in each webhook of ``config``
+    that holds another."""
+    operations: list[dict[str, Any]] = []
+    for index, hook in enumerate(config.get("webhooks") or []):
+        if (hook.get("clientConfig") or {}).get("caBundle") == value:
+            continue
+        # The test makes the patch fail rather than land on a reordered list.
+        operations.append({"op": "test", "path": f"/webhooks/{index}/name", "value": hook["name"]})
+        operations.append(
+            {"op": "add", "path": f"/webhooks/{index}/clientConfig/caBundle", "value": value}
+        )
+    return operations
 
 
 def _decoded(secret: dict[str, Any] | None) -> dict[str, bytes]:

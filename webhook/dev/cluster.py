@@ -36,6 +36,11 @@ from webhook.certs.issue import generate_ca, generate_serving
 from webhook.files import write_atomic
 
 REPO: Final = Path(__file__).resolve().parents[2]
+_CONTROL_PLANE_TIMEOUT: Final = 120.0
+_WEBHOOK_TIMEOUT: Final = 30.0
+_PROBE_TIMEOUT: Final = 30.0
+_STOP_TIMEOUT: Final = 15.0
+_LOG_TAIL_LINES: Final = 30
 
 
 class ClusterError(Exception):
@@ -83,16 +88,17 @@ class _Process:
     def alive(self) -> bool:
         return self.popen.poll() is None
 
-    def tail(self, lines: int = 30) -> str:
+    def tail(self) -> str:
         with contextlib.suppress(OSError):
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+            lines = self.log.read_text(errors="replace").splitlines()
+            return "\n".join(lines[-_LOG_TAIL_LINES:])
         return ""
 
-    def stop(self, timeout: float = 15) -> None:
+    def stop(self) -> None:
         if self.alive():
             self.popen.send_signal(signal.SIGTERM)
             try:
-                self.popen.wait(timeout)
+                self.popen.wait(_STOP_TIMEOUT)
             except subprocess.TimeoutExpired:
                 self.popen.kill()
                 self.popen.wait()
@@ -121,7 +127,7 @@ class Webhook:
     def url(self) -> str:
         return f"https://127.0.0.1:{self.port}"
 
-    def start(self, *, timeout: float = 30) -> None:
+    def start(self) -> None:
         log = self.workdir / "webhook.log"
         handle = log.open("ab")
         popen = subprocess.Popen(
@@ -148,7 +154,7 @@ class Webhook:
             cwd=self.workdir,
         )
         self.process = _Process("webhook", popen, log, handle)
-        _wait_for_port(self.process, self.health_port, timeout=timeout)
+        _wait_for_port(self.process, self.health_port, timeout=_WEBHOOK_TIMEOUT)
 
     def stop(self) -> None:
         if self.process is not None:
@@ -193,8 +199,12 @@ class DevCluster:
         return f"https://127.0.0.1:{self.api_port}"
 
     @property
+    def _pki(self) -> Path:
+        return self.workdir / "apiserver"
+
+    @property
     def ca_file(self) -> Path:
-        return self.workdir / "apiserver" / "ca.crt"
+        return self._pki / "ca.crt"
 
     def _spawn(self, name: str, argv: Sequence[str]) -> _Process:
         log = self.workdir / f"{name}.log"
@@ -204,8 +214,7 @@ class DevCluster:
         self.processes.append(process)
         return process
 
-    def start_control_plane(self, *, timeout: float = 120) -> None:
-        pki = self.workdir / "apiserver"
+    def start_control_plane(self) -> None:
         ca = generate_ca(common_name="gpushare dev-cluster CA", valid_for=timedelta(days=7))
         serving = generate_serving(
             ca=ca,
@@ -213,19 +222,29 @@ class DevCluster:
             ip_addresses=["127.0.0.1"],
             valid_for=timedelta(days=7),
         )
-        paths = write_files(pki, ca=ca, serving=serving)
+        paths = write_files(self._pki, ca=ca, serving=serving)
+        self._write_service_account_keys()
+        self._write_tokens()
+        self._start_etcd()
+        self._start_apiserver(cert_file=paths.cert_file, key_file=paths.key_file)
+
+    def _write_service_account_keys(self) -> None:
         # A CA key pair doubles as the service-account signing key (ECDSA P-256, ES256).
         signer = generate_ca(
             common_name="gpushare dev-cluster service accounts", valid_for=timedelta(days=7)
         )
-        write_atomic(pki / "sa.key", signer.key_pem(), mode=0o600)
-        (pki / "sa.pub").write_bytes(
+        write_atomic(self._pki / "sa.key", signer.key_pem(), mode=0o600)
+        (self._pki / "sa.pub").write_bytes(
             signer.key.public_key().public_bytes(
                 serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
             )
         )
+
+    def _write_tokens(self) -> None:
         tokens = f'{self.token},admin,admin-uid,"system:masters"\n'
-        write_atomic(pki / "tokens.csv", tokens.encode(), mode=0o600)
+        write_atomic(self._pki / "tokens.csv", tokens.encode(), mode=0o600)
+
+    def _start_etcd(self) -> None:
         etcd = self._spawn(
             "etcd",
             [
@@ -242,7 +261,9 @@ class DevCluster:
                 "--log-level=warn",
             ],
         )
-        _wait_for_port(etcd, self.etcd_port, timeout=timeout)
+        _wait_for_port(etcd, self.etcd_port, timeout=_CONTROL_PLANE_TIMEOUT)
+
+    def _start_apiserver(self, *, cert_file: Path, key_file: Path) -> None:
         apiserver = self._spawn(
             "kube-apiserver",
             [
@@ -254,18 +275,18 @@ class DevCluster:
                 "--service-cluster-ip-range=10.0.0.0/24",
                 "--endpoint-reconciler-type=none",
                 "--authorization-mode=RBAC",
-                f"--token-auth-file={pki / 'tokens.csv'}",
-                f"--tls-cert-file={paths.cert_file}",
-                f"--tls-private-key-file={paths.key_file}",
+                f"--token-auth-file={self._pki / 'tokens.csv'}",
+                f"--tls-cert-file={cert_file}",
+                f"--tls-private-key-file={key_file}",
                 "--service-account-issuer=https://kubernetes.default.svc",
-                f"--service-account-key-file={pki / 'sa.pub'}",
-                f"--service-account-signing-key-file={pki / 'sa.key'}",
+                f"--service-account-key-file={self._pki / 'sa.pub'}",
+                f"--service-account-signing-key-file={self._pki / 'sa.key'}",
                 # Privileged pods must reach our webhook to be refused by it, not by this flag.
                 "--allow-privileged=true",
                 "--profiling=false",
             ],
         )
-        self._wait_ready(apiserver, timeout=timeout)
+        self._wait_ready(apiserver, timeout=_CONTROL_PLANE_TIMEOUT)
 
     def _wait_ready(self, apiserver: _Process, *, timeout: float) -> None:
         import ssl
@@ -328,7 +349,7 @@ class DevCluster:
         self.webhook.start()
         return self.webhook
 
-    def register_webhooks(self, *, url: str | None = None) -> None:
+    def register_webhooks(self) -> None:
         """Create (or replace) both webhook configurations from the deploy/ templates."""
         from kubernetes import client
 
@@ -338,7 +359,7 @@ class DevCluster:
         # The client takes plain dicts at run time; its stubs only know its models.
         api: Any = client.AdmissionregistrationV1Api(self.api_client())
         for config in webhook_configurations(
-            ca_bundle=self.webhook.ca_bundle(), url=url or self.webhook.url
+            ca_bundle=self.webhook.ca_bundle(), url=self.webhook.url
         ):
             name = config["metadata"]["name"]
             if config["kind"] == "MutatingWebhookConfiguration":
@@ -375,7 +396,7 @@ class DevCluster:
         with contextlib.suppress(client.ApiException):
             core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
 
-    def probe(self, *, timeout: float = 30) -> None:
+    def probe(self) -> None:
         """Prove both webhooks answer through the apiserver (server-side dry-run creates)."""
         from kubernetes import client
 
@@ -395,7 +416,7 @@ class DevCluster:
                 ]
             },
         }
-        deadline = time.monotonic() + timeout
+        deadline = time.monotonic() + _PROBE_TIMEOUT
         last: Exception | None = None
         while time.monotonic() < deadline:
             try:
@@ -424,24 +445,17 @@ class DevCluster:
 
 
 @contextlib.contextmanager
-def running(
-    *, bin_dir: Path, policy: Path, workdir: Path | None = None, register: bool = True
-) -> Iterator[DevCluster]:
+def running(*, bin_dir: Path, policy: Path, workdir: Path) -> Iterator[DevCluster]:
     """A started dev cluster with the webhook registered and probed; stopped on exit."""
-    owned = workdir is None
-    base = Path(tempfile.mkdtemp(prefix="gpushare-dev-")) if workdir is None else workdir
-    cluster = DevCluster(workdir=base, bin_dir=bin_dir, policy=policy)
+    cluster = DevCluster(workdir=workdir, bin_dir=bin_dir, policy=policy)
     try:
         cluster.start_control_plane()
         cluster.start_webhook()
-        if register:
-            cluster.register_webhooks()
-            cluster.probe()
+        cluster.register_webhooks()
+        cluster.probe()
         yield cluster
     finally:
         cluster.stop()
-        if owned:
-            shutil.rmtree(base, ignore_errors=True)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -4,7 +4,7 @@
 deploy/`` renders it, and so does :func:`render`, with a small kustomize subset
 (resources, ``configMapGenerator``, ``generatorOptions`` and JSON 6902 ``patches``
 with a target). Anything else in a kustomization is refused rather than half
-understood; ``tests/test_manifests.py`` checks both renders give the same objects.
+understood; ``tests/install/test_manifests.py`` checks both renders give the same objects.
 
 Used by ``gpushare-webhook manifests`` (:mod:`webhook.cli.manifests`), by :func:`webhook_configurations` (the local
 test cluster registers the real webhook configurations against a loopback URL),
@@ -36,19 +36,6 @@ WEBHOOK_KINDS: Final = ("MutatingWebhookConfiguration", "ValidatingWebhookConfig
 _KUSTOMIZATION_FILES: Final = ("kustomization.yaml", "kustomization.yml", "Kustomization")
 _SUPPORTED_FIELDS: Final = frozenset(
     {"apiVersion", "kind", "resources", "configMapGenerator", "generatorOptions", "patches"}
-)
-_CLUSTER_SCOPED: Final = frozenset(
-    {
-        "Namespace",
-        "ClusterRole",
-        "ClusterRoleBinding",
-        "CustomResourceDefinition",
-        "PriorityClass",
-        "StorageClass",
-        "PersistentVolume",
-        "ClusterIssuer",
-        *WEBHOOK_KINDS,
-    }
 )
 # kustomize's "legacy" output order: what must exist first comes first, and the
 # webhook registrations come last, once the Service behind them exists.
@@ -298,8 +285,8 @@ def set_image(objects: Iterable[Obj], image: str) -> None:
 _DNS_LABEL: Final = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 
 
-def set_namespace(objects: Iterable[Obj], namespace: str, *, old: str = BASE_NAMESPACE) -> None:
-    """Move the install from namespace ``old`` to ``namespace``, every reference included.
+def set_namespace(objects: Iterable[Obj], namespace: str) -> None:
+    """Move the install from :data:`BASE_NAMESPACE` to ``namespace``, every reference included.
 
     Namespaced objects, the Namespace itself, RBAC subjects, the webhooks' Service
     reference and namespaceSelector exclusion, cert-manager's ``inject-ca-from`` and
@@ -307,6 +294,7 @@ def set_namespace(objects: Iterable[Obj], namespace: str, *, old: str = BASE_NAM
     """
     if not _DNS_LABEL.match(namespace):
         raise ManifestError(f"not a valid namespace name: {namespace!r}")
+    old = BASE_NAMESPACE
     dns_old = re.compile(rf"(?<=\.){re.escape(old)}(?=\.|$)")
     for obj in objects:
         kind = obj["kind"]
