@@ -1,23 +1,33 @@
 """Benchmark of the HTTPS admission service as operators run it (``gpushare-webhook serve``).
 
 Starts ``python -m webhook serve`` in a temporary directory (development certificates
-are generated there), one worker pinned to core 0 and a ``--workers 2`` server on cores
-0 and 1, and drives them over HTTPS keep-alive from a second process on core 1: ``wrk``
-with ``bench/load.lua`` when it is installed, an aiohttp load generator otherwise.
+are generated there, the audit log goes to a file there), one worker pinned to core 0
+and a ``--workers 2`` server on cores 0 and 1, and drives them over HTTPS keep-alive
+from a second process on core 1: ``wrk`` with ``bench/load.lua`` when it is installed,
+an aiohttp load generator otherwise.
 
 - Closed loop, 16 connections: (a) a non-GPU pod on /validate, (b) a ~5 KB GPU pod
   mutation on /mutate, (c) a denial on /validate, and (b) against two workers. The
   runs alternate in rounds so that other work on the machine hits all of them alike;
   medians of the rounds are printed, with the server's CPU time per request, which
   noise on a shared machine moves far less than req/s.
+- (a) and (b) against a bare aiohttp HTTPS handler on core 0 in the same rounds (this
+  script's ``bare`` command: same certificates and TLS settings, reads the body,
+  answers fixed bytes), and the ratios ours / bare.
+- With ``--baseline-python PYTHON``: every closed-loop scenario also against a server
+  started with that interpreter (the webhook it has installed, e.g. an older
+  checkout's venv), in the same rounds, with before/after ratios. ``--only closed``
+  skips the parts below.
 - (b) open loop at a fixed rate (1,000 req/s): latency counts from each request's
   scheduled send time, so a stalled server cannot hide its queueing (no coordinated
   omission); the audit log must then hold exactly one line per answered request.
 - Peak RSS (VmHWM) of every server process.
 
-Targets (issue 3, one worker on one core): >= 3,000 req/s for (b), p99 <= 5 ms at a
-fixed 1,000 req/s, peak RSS <= 80 MB. Run ``.venv/bin/python bench/server.py`` (about
-75 s). Every process it starts is stopped on exit, Ctrl-C included.
+Targets (one worker on one core): issue 3's >= 3,000 req/s for (b), p99 <= 5 ms at a
+fixed 1,000 req/s, peak RSS <= 80 MB; the CPU budget's <= 150 us of server CPU per (b)
+request with the audit log on and, per core, >= 0.5x the bare handler's req/s. Run
+``.venv/bin/python bench/server.py`` (about 90 s). Every process it starts is stopped
+on exit, Ctrl-C included.
 """
 
 from __future__ import annotations
@@ -39,7 +49,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import FrameType
@@ -56,6 +66,9 @@ HOST = "127.0.0.1"  # the only address this benchmark ever sends to
 TARGET_RPS = 3000.0
 TARGET_P99_MS = 5.0
 TARGET_RSS_MB = 80.0
+# The CPU budget: (b) with the audit log on, and its share of a bare aiohttp TLS handler.
+TARGET_CPU_US = 150.0
+TARGET_BARE_RATIO = 0.5
 
 # Every process this script starts, so that any exit (Ctrl-C included) stops them.
 _CHILDREN: list[subprocess.Popen[bytes]] = []
@@ -371,19 +384,80 @@ def vm_kib(pid: int, field: str) -> int:
     return int(value)
 
 
-class Server:
-    """``python -m webhook serve`` in ``workdir``, optionally pinned with taskset."""
+def server_env(python: str | None) -> dict[str, str]:
+    """The environment of a server: this checkout first on the path for this interpreter
+    (``python`` None); none of ours for another one, which imports what it has installed."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
+    if python is None:
+        env["PYTHONPATH"] = str(ROOT)
+    return env
 
-    def __init__(self, workdir: Path, *, workers: int, cpus: str | None, name: str) -> None:
+
+def webhook_origin(python: str | None, cwd: Path) -> Path:
+    """The directory of the ``webhook`` package that ``python`` imports, started in ``cwd``
+    with :func:`server_env` as a server is."""
+    result = subprocess.run(
+        [python or sys.executable, "-c", "import webhook; print(webhook.__file__)"],
+        cwd=cwd,
+        env=server_env(python),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise SystemExit(f"{python or sys.executable} cannot import webhook:\n{result.stderr}")
+    return Path(result.stdout.strip()).resolve().parent
+
+
+def describe(package: Path) -> str:
+    """``package`` with the commit of its checkout (``-dirty`` when it has changes)."""
+    result = subprocess.run(
+        ["git", "--no-optional-locks", "describe", "--always", "--dirty"],
+        cwd=package.parent,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    commit = result.stdout.strip() if result.returncode == 0 else "not a git checkout"
+    return f"{package} ({commit})"
+
+
+class Server:
+    """``python -m webhook serve`` in ``workdir`` with a file audit log, as operators run
+    it, optionally pinned with taskset. ``python`` None runs this checkout's code with
+    this interpreter; another interpreter runs the package it has installed."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        name: str,
+        cpus: str | None,
+        workers: int = 1,
+        python: str | None = None,
+    ) -> None:
         self.workdir = workdir
         self.workers = workers
+        self.python = python
         self.port = free_port()
         self.health_port = free_port()
         self.audit = workdir / f"audit-{name}.log"
         self.err_path = workdir / f"server-{name}.err"
+        with self.err_path.open("wb") as err:
+            self.process = spawn(
+                [*pinned(cpus), *self.argv()],
+                cwd=workdir,
+                env=server_env(python),
+                stdout=subprocess.DEVNULL,
+                stderr=err,
+            )
+        self.pids: set[int] = set()
+
+    def argv(self) -> list[str]:
         argv = [
-            *pinned(cpus),
-            sys.executable,
+            self.python or sys.executable,
             "-m",
             "webhook",
             "serve",
@@ -398,12 +472,9 @@ class Server:
             "--log-level",
             "WARNING",
         ]
-        if workers > 1:
-            argv += ["--workers", str(workers)]
-        env = {**os.environ, "PYTHONPATH": str(ROOT)}
-        with self.err_path.open("wb") as err:
-            self.process = spawn(argv, cwd=workdir, env=env, stdout=subprocess.DEVNULL, stderr=err)
-        self.pids: set[int] = set()
+        if self.workers > 1:
+            argv += ["--workers", str(self.workers)]
+        return argv
 
     def log(self) -> str:
         return self.err_path.read_text(errors="replace")[-2000:]
@@ -454,6 +525,34 @@ class Server:
 
     def stop(self) -> None:
         stop(self.process)
+
+
+class BareServer(Server):
+    """This script's ``bare`` command: the baseline that the webhook's cost is measured
+    against (see :func:`command_bare`), on the webhook's development certificates."""
+
+    def __init__(self, workdir: Path, *, cpus: str | None, responses: dict[str, Path]) -> None:
+        self.responses = responses
+        super().__init__(workdir, name="bare", cpus=cpus)
+
+    def argv(self) -> list[str]:
+        certs = self.workdir / "certs"
+        argv = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "bare",
+            "--port",
+            str(self.port),
+            "--health-port",
+            str(self.health_port),
+            "--cert",
+            str(certs / "tls.crt"),
+            "--key",
+            str(certs / "tls.key"),
+        ]
+        for path, file in self.responses.items():
+            argv += ["--response", f"{path}={file}"]
+        return argv
 
 
 def audit_tail(path: Path, count: int) -> list[bytes]:
@@ -673,6 +772,88 @@ def command_load(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- the bare aiohttp handler -----------------------------------------------------------
+
+
+def bare_context(cert: Path, key: Path) -> ssl.SSLContext:
+    """The webhook's TLS settings (its certificate reloader's context): TLS 1.2+, the pair
+    loaded, and an ``sni_callback`` moving each handshake to a second such context."""
+
+    def context() -> ssl.SSLContext:
+        made = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        made.minimum_version = ssl.TLSVersion.TLSv1_2
+        made.load_cert_chain(cert, key)
+        return made
+
+    current, outer = context(), context()
+
+    def select(ssl_object: ssl.SSLObject, _name: str | None, _context: ssl.SSLContext) -> None:
+        ssl_object.context = current
+
+    outer.sni_callback = select
+    return outer
+
+
+def listen(port: int) -> socket.socket:
+    """A listening socket as the webhook opens it (backlog 1024, non-blocking)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((HOST, port))
+    sock.listen(1024)
+    sock.setblocking(False)
+    return sock
+
+
+async def _bare(args: argparse.Namespace, responses: dict[str, bytes]) -> None:
+    from aiohttp import web  # the bare server's process only
+
+    def fixed(body: bytes) -> Callable[[web.Request], Awaitable[web.Response]]:
+        async def handler(request: web.Request) -> web.Response:
+            await request.read()
+            return web.Response(body=body, content_type="application/json")
+
+        return handler
+
+    async def readyz(_: web.Request) -> web.Response:
+        return web.json_response({"status": "ready", "pid": os.getpid()})
+
+    app = web.Application(client_max_size=4 << 20)  # the webhook's MAX_BODY
+    for path, body in responses.items():
+        app.router.add_post(path, fixed(body))
+    health = web.Application()
+    health.router.add_get("/readyz", readyz)
+    sites = (
+        (app, args.port, bare_context(Path(args.cert), Path(args.key))),
+        (health, args.health_port, None),
+    )
+    runners: list[web.AppRunner] = []
+    for application, port, context in sites:
+        runner = web.AppRunner(application, access_log=None, handle_signals=False)
+        await runner.setup()
+        await web.SockSite(runner, listen(port), ssl_context=context).start()
+        runners.append(runner)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    await stopping.wait()
+    for runner in runners:
+        await runner.cleanup()
+
+
+def command_bare(args: argparse.Namespace) -> int:
+    """A bare aiohttp HTTPS server: what any aiohttp TLS service costs, the floor the
+    webhook is measured against. Same certificates, TLS settings, keep-alive, access
+    log off and body limit as the webhook; each handler reads the body and answers the
+    fixed bytes of a real AdmissionReview response for its path, parsing nothing."""
+    responses = {}
+    for item in args.response:
+        path, _, file = item.partition("=")
+        responses[path] = Path(file).read_bytes()
+    asyncio.run(_bare(args, responses))
+    return 0
+
+
 # -- the benchmark ------------------------------------------------------------------------
 
 
@@ -699,7 +880,7 @@ class Summary:
             rps_high=max(rates),
             p50_ms=statistics.median(r.p50_ms for r in results),
             p99_ms=statistics.median(r.p99_ms for r in results),
-            cpu_us=statistics.median(r.cpu_s / max(1, r.requests) * 1e6 for r in results),
+            cpu_us=statistics.median(per_request_us(r) for r in results),
             cpu_share=statistics.median(r.cpu_s / r.seconds for r in results if r.seconds),
             wait_share=statistics.median(r.wait_s / r.seconds for r in results if r.seconds),
             errors=sum(r.errors for r in results),
@@ -780,6 +961,45 @@ def interruptible() -> Iterator[None]:
                 signal.signal(sig, handler)
 
 
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One closed-loop run of every round: ``server`` under ``scenario``."""
+
+    variant: str  # "ours" (this checkout), "baseline", "bare" or "x2" (--workers 2)
+    label: str
+    server: Server
+    scenario: Scenario
+    cpus: str | None  # the load generator's
+
+
+def per_request_us(result: Result) -> float:
+    """Server CPU time per answered request, in microseconds."""
+    return result.cpu_s / max(1, result.requests) * 1e6
+
+
+def requests_per_s(result: Result) -> float:
+    return result.rps
+
+
+Ratio = tuple[float, float, float]
+
+
+def paired(
+    ours: Sequence[Result], other: Sequence[Result], value: Callable[[Result], float]
+) -> Ratio:
+    """Median, min and max over the rounds of ``value(ours) / value(other)``: the two
+    ran back to back in each round, so other work on the machine hit both alike."""
+    ratios = [value(a) / value(b) for a, b in zip(ours, other, strict=True) if value(b)]
+    if not ratios:
+        return float("nan"), float("nan"), float("nan")
+    return statistics.median(ratios), min(ratios), max(ratios)
+
+
+def fmt_ratio(ratio: Ratio) -> str:
+    middle, low, high = ratio
+    return f"{middle:.2f}x ({low:.2f}-{high:.2f})"
+
+
 def command_bench(args: argparse.Namespace) -> int:
     if args.loadgen == "wrk" and not shutil.which("wrk"):
         raise SystemExit("wrk is not installed (apt-get install wrk)")
@@ -787,6 +1007,7 @@ def command_bench(args: argparse.Namespace) -> int:
     pin = pinning()
     server_cpus, client_cpus = ("0", "1") if pin else (None, None)
     round_s = max(1, round(args.duration / args.rounds))
+    closed_only = args.only == "closed"
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp:
         workdir = Path(tmp)
         cafile = workdir / "certs" / "ca.crt"
@@ -803,15 +1024,18 @@ def command_bench(args: argparse.Namespace) -> int:
             Scenario("b", "(b) 5 KB GPU pod /mutate", "/mutate", workdir / "body-b.json", True, True),
             Scenario("c", "(c) denial       /validate", "/validate", workdir / "body-c.json", False, False),
         )  # fmt: skip
+        chosen = [s for s in (a, b, c) if s.key in args.scenarios]
         if use_wrk:
             generator = f"{wrk_version()} + bench/load.lua, 1 thread"
         else:
             missing = "" if shutil.which("wrk") else " (wrk not installed)"
             generator = f"aiohttp load generator{missing}"
         print(f"load generator: {generator}, {args.connections} keep-alive HTTPS connections")
-        print(f"fixed-rate sender: aiohttp, open loop, {args.connections} connections")
+        if not closed_only:
+            print(f"fixed-rate sender: aiohttp, open loop, {args.connections} connections")
         if pin:
-            print("pinning: server core 0, load generator core 1; --workers 2 on cores 0,1")
+            workers = "" if closed_only else "; --workers 2 on cores 0,1"
+            print(f"pinning: servers core 0, load generator core 1{workers}")
         else:
             print("pinning: off (taskset or a second core is missing)")
         print(f"machine load average at start: {os.getloadavg()[0]:.2f} ({os.cpu_count()} cores)")
@@ -844,130 +1068,229 @@ def command_bench(args: argparse.Namespace) -> int:
             result.wait_s = run_queue_seconds(pids) - waited
             return result
 
-        one = Server(workdir, workers=1, cpus=server_cpus, name="w1")
+        one = Server(workdir, name="w1", cpus=server_cpus)
         one.wait_ready()
+        print(f"this checkout: {describe(webhook_origin(None, workdir))}, {sys.executable}")
+        answers = {s.key: one.post(s.path, bodies[s.key]) for s in (a, b, c)}
         for scenario in (a, b, c):
-            verdict = check_answer(scenario, one.post(scenario.path, bodies[scenario.key]))
-            print(f"  {scenario.title}: {verdict}")
-        two = Server(workdir, workers=2, cpus="0,1" if pin else None, name="w2")
-        two.wait_ready()
+            print(f"  {scenario.title}: {check_answer(scenario, answers[scenario.key])}")
+        base: Server | None = None
+        if args.baseline_python:
+            origin = webhook_origin(args.baseline_python, workdir)
+            if origin == ROOT / "webhook":
+                raise SystemExit(
+                    f"{args.baseline_python} imports this checkout's webhook ({origin}):"
+                    " nothing to compare; install the baseline in a venv of its own"
+                )
+            print(f"baseline: {describe(origin)}, {args.baseline_python}")
+            base = Server(workdir, name="base", cpus=server_cpus, python=args.baseline_python)
+            base.wait_ready()
+            for scenario in (a, b, c):
+                verdict = check_answer(scenario, base.post(scenario.path, bodies[scenario.key]))
+                print(f"  {scenario.title}: {verdict}")
+        # The bare handler answers each path with the bytes of our real answer.
+        responses: dict[str, Path] = {}
+        for scenario in (a, b):
+            responses[scenario.path] = workdir / f"response-{scenario.key}.json"
+            responses[scenario.path].write_bytes(orjson.dumps(answers[scenario.key]))
+        bare = BareServer(workdir, cpus=server_cpus, responses=responses)
+        bare.wait_ready()
+        sizes = ", ".join(f"{p} {f.stat().st_size:,} bytes" for p, f in responses.items())
+        print(f"bare aiohttp handler: reads the body, answers fixed bytes ({sizes})")
+        two: Server | None = None
+        if not closed_only:
+            two = Server(workdir, name="w2", workers=2, cpus="0,1" if pin else None)
+            two.wait_ready()
 
-        # Rounds alternate between the scenarios (and between one and two workers), so
-        # a burst of other work on the machine hits them all alike; medians are quoted.
-        plan = [
-            (one, a, client_cpus),
-            (one, b, client_cpus),
-            (one, c, client_cpus),
-            (two, b, None),
-        ]
-        for server, scenario, cpus in plan:
-            drive(server, scenario, max(1.0, args.warmup), cpus)
-        rounds: list[list[Result]] = [[] for _ in plan]
+        # Rounds alternate between every variant of every scenario, compared variants
+        # back to back, so a burst of other work on the machine hits them all alike;
+        # medians are quoted.
+        plan: list[Entry] = []
+        for scenario in chosen:
+            plan.append(Entry("ours", scenario.title, one, scenario, client_cpus))
+            if base is not None:
+                label = f"({scenario.key})   baseline"
+                plan.append(Entry("baseline", label, base, scenario, client_cpus))
+            if scenario in (a, b):
+                label = f"({scenario.key})   bare aiohttp handler"
+                plan.append(Entry("bare", label, bare, scenario, client_cpus))
+        if two is not None:
+            plan.append(Entry("x2", b.title + " x2", two, b, None))
+        for entry in plan:
+            drive(entry.server, entry.scenario, max(1.0, args.warmup), entry.cpus)
+        runs: dict[tuple[str, str], list[Result]] = {
+            (entry.variant, entry.scenario.key): [] for entry in plan
+        }
         for number in range(args.rounds):
             print(f"  round {number + 1}/{args.rounds}", end="\r", file=sys.stderr, flush=True)
-            for runs, (server, scenario, cpus) in zip(rounds, plan, strict=True):
-                runs.append(drive(server, scenario, round_s, cpus))
+            for entry in plan:
+                result = drive(entry.server, entry.scenario, round_s, entry.cpus)
+                runs[entry.variant, entry.scenario.key].append(result)
         print(" " * 20, end="\r", file=sys.stderr, flush=True)
-        summaries = [Summary.of(runs) for runs in rounds]
+        summaries = {key: Summary.of(results) for key, results in runs.items()}
         print(
             f"\nclosed loop, one worker{' pinned to core 0' if pin else ''},"
             f" {args.rounds} rounds x {round_s} s, medians; CPU = server CPU time / wall time,"
             " wait = time it was runnable but another process had the core:"
         )
         print(HEADER)
-        for (_, scenario, _), summary in zip(plan[:3], summaries[:3], strict=True):
-            print(fmt_row(scenario.title, summary))
+        for entry in plan:
+            if entry.variant != "x2":
+                print(fmt_row(entry.label, summaries[entry.variant, entry.scenario.key]))
 
-        before = audit_lines(one.audit)
-        pids = [one.process.pid]
-        cpu_before, waited = cpu_seconds(pids), run_queue_seconds(pids)
-        fixed = run_aiohttp(
-            one.url(b.path),
-            b.body,
-            cafile,
-            mode="open",
-            connections=args.connections,
-            seconds=args.duration,
-            warmup=args.warmup,
-            rate=args.rate,
-            cpus=client_cpus,
-        )
-        fixed.cpu_s = cpu_seconds(pids) - cpu_before
-        fixed.wait_s = run_queue_seconds(pids) - waited
-        wall = args.duration + args.warmup
         print(
-            f"\n(b) open loop at a fixed {args.rate:,.0f} req/s for {args.duration:g} s,"
-            " latency from each request's scheduled send time:"
+            "\nthis checkout against the bare aiohttp handler (ours / bare), medians of the"
+            " rounds' ratios (min-max); per core = bare CPU/req / ours, the share of the bare"
+            " handler's req/s that ours answers on a core of its own:"
         )
-        print(
-            f"  {fixed.requests:,} measured: p50 {fixed.p50_ms:.2f} ms, p99 {fixed.p99_ms:.2f} ms,"
-            f" max {fixed.max_ms:.2f} ms, errors {fixed.errors};"
-            f" sender at worst {fixed.late_ms:.1f} ms behind schedule"
-        )
-        print(
-            f"  server CPU {fixed.cpu_s / wall:.0%} of a core, waited for it"
-            f" {fixed.wait_s / wall:.0%} of the time; sender waited {fixed.sender_wait_s / wall:.0%}"
-        )
-        # The writer thread writes a batch every few ms; give it a moment to finish.
-        deadline = time.monotonic() + 10
-        lines = audit_lines(one.audit) - before
-        while lines < fixed.answered and time.monotonic() < deadline:
-            time.sleep(0.1)
-            lines = audit_lines(one.audit) - before
-        print(
-            f"  audit log: {lines:,} lines for {fixed.answered:,} requests answered in this"
-            f" scenario (warm-up included): {'OK' if lines == fixed.answered else 'MISMATCH'}"
-        )
-        handler = sorted(orjson.loads(line)["latencyMs"] for line in audit_tail(one.audit, lines))
-        if handler:
+        for scenario in chosen:
+            if scenario in (a, b):
+                ours, other = runs["ours", scenario.key], runs["bare", scenario.key]
+                mine, floor = summaries["ours", scenario.key], summaries["bare", scenario.key]
+                print(
+                    f"  {scenario.title:<27} per core {fmt_ratio(paired(other, ours, per_request_us))}"
+                    f" (CPU/req {mine.cpu_us:.0f} vs {floor.cpu_us:.0f} us);"
+                    f" req/s {fmt_ratio(paired(ours, other, requests_per_s))}"
+                )
+        if summaries["bare", "b"].cpu_share < 0.9:
             print(
-                f"  inside the handler (audit latencyMs, body read to answer): p50"
-                f" {percentile(handler, 0.5):.2f} ms, p99 {percentile(handler, 0.99):.2f} ms"
+                f"  (the bare handler had {summaries['bare', 'b'].cpu_share:.0%} of core 0: the"
+                " load generator, not its core, bounded it, so req/s ratios flatter ours)"
             )
+        if base is not None:
+            print(
+                "\nbaseline -> this checkout (after / before), medians of the rounds' ratios"
+                " (min-max):"
+            )
+            for scenario in chosen:
+                after, before = runs["ours", scenario.key], runs["baseline", scenario.key]
+                new, old = summaries["ours", scenario.key], summaries["baseline", scenario.key]
+                print(
+                    f"  {scenario.title:<27} req/s {old.rps:,.0f} -> {new.rps:,.0f} ="
+                    f" {fmt_ratio(paired(after, before, requests_per_s))};"
+                    f" CPU/req {old.cpu_us:.0f} -> {new.cpu_us:.0f} us ="
+                    f" {fmt_ratio(paired(after, before, per_request_us))}"
+                )
 
-        rss = {pid: kib / 1024 for pid, kib in one.peak_rss_kib().items()}
-        rss_mb = max(rss.values())
-        rss_two = ", ".join(
-            f"{'parent' if pid == two.process.pid else 'worker'} {kib / 1024:.1f} MB"
-            for pid, kib in two.peak_rss_kib().items()
-        )
-        print(f"\npeak RSS (VmHWM): one worker {rss_mb:.1f} MB; --workers 2: {rss_two}")
-
-        ratio = summaries[3].rps / summaries[1].rps if summaries[1].rps else float("nan")
-        print(
-            f"\n--workers 2{' on cores 0,1' if pin else ''}, load generator unpinned,"
-            " same rounds (CPU 200% = both cores):"
-        )
-        print(HEADER)
-        print(fmt_row(b.title + " x1", summaries[1]))
-        print(fmt_row(b.title + " x2", summaries[3]))
-        print(f"  scaling: {summaries[3].rps:,.0f} / {summaries[1].rps:,.0f} req/s = {ratio:.2f}x")
-        one.stop()
-        two.stop()
+        gpu = summaries["ours", "b"]
+        bare_ratio = paired(runs["bare", "b"], runs["ours", "b"], per_request_us)[0]
+        checks = [
+            (f"(b) >= {TARGET_RPS:,.0f} req/s (issue 3)", gpu.rps >= TARGET_RPS, f"{gpu.rps:,.0f}"),
+            (f"(b) CPU/req <= {TARGET_CPU_US:g} us, audit log on", gpu.cpu_us <= TARGET_CPU_US,
+             f"{gpu.cpu_us:.0f} us"),
+            (f"(b) per core >= {TARGET_BARE_RATIO:g}x the bare aiohttp handler's req/s",
+             bare_ratio >= TARGET_BARE_RATIO, f"{bare_ratio:.2f}x"),
+        ]  # fmt: skip
+        errors = sum(s.errors for s in summaries.values())
+        if two is not None:
+            fixed_ok, fixed_errors = open_loop_and_rss(args, one, two, b, summaries, client_cpus)
+            checks += fixed_ok
+            errors += fixed_errors
+        for server in (one, base, bare, two):
+            if server is not None:
+                server.stop()
         print(f"machine load average at end: {os.getloadavg()[0]:.2f}")
 
-        checks = [
-            (f"(b) >= {TARGET_RPS:,.0f} req/s", summaries[1].rps >= TARGET_RPS,
-             f"{summaries[1].rps:,.0f}"),
-            (f"p99 <= {TARGET_P99_MS:g} ms at {args.rate:,.0f} req/s",
-             fixed.p99_ms <= TARGET_P99_MS, f"{fixed.p99_ms:.2f} ms"),
-            (f"peak RSS <= {TARGET_RSS_MB:g} MB", rss_mb <= TARGET_RSS_MB, f"{rss_mb:.1f} MB"),
-            ("audit lines == answers", lines == fixed.answered, f"{lines:,}/{fixed.answered:,}"),
-        ]  # fmt: skip
-        print("\ntargets (issue 3, one worker on one core):")
+        print("\ntargets (one worker on one core):")
         for label, ok, value in checks:
             print(f"  {'PASS' if ok else 'MISS'}  {label}: {value}")
-        gpu = summaries[1]
         if gpu.cpu_us:
             print(
                 f"  (b) used {gpu.cpu_us:.0f} us of server CPU per request: a core of its own"
                 f" would answer ~{1e6 / gpu.cpu_us:,.0f} req/s; in this run it had"
                 f" {gpu.cpu_share:.0%} of core 0 and waited {gpu.wait_share:.0%} of the time"
             )
-        errors = sum(s.errors for s in summaries) + fixed.errors
         if errors:
             print(f"  note: {errors} requests failed")
         return 0 if all(ok for _, ok, _ in checks) and not errors else 1
+
+
+Check = tuple[str, bool, str]
+
+
+def open_loop_and_rss(
+    args: argparse.Namespace,
+    one: Server,
+    two: Server,
+    b: Scenario,
+    summaries: dict[tuple[str, str], Summary],
+    client_cpus: str | None,
+) -> tuple[list[Check], int]:
+    """(b) at a fixed rate with the audit check, peak RSS, and --workers 2 against one:
+    their targets and the requests that failed."""
+    cafile = one.workdir / "certs" / "ca.crt"
+    before = audit_lines(one.audit)
+    pids = [one.process.pid]
+    cpu_before, waited = cpu_seconds(pids), run_queue_seconds(pids)
+    fixed = run_aiohttp(
+        one.url(b.path),
+        b.body,
+        cafile,
+        mode="open",
+        connections=args.connections,
+        seconds=args.duration,
+        warmup=args.warmup,
+        rate=args.rate,
+        cpus=client_cpus,
+    )
+    fixed.cpu_s = cpu_seconds(pids) - cpu_before
+    fixed.wait_s = run_queue_seconds(pids) - waited
+    wall = args.duration + args.warmup
+    print(
+        f"\n(b) open loop at a fixed {args.rate:,.0f} req/s for {args.duration:g} s,"
+        " latency from each request's scheduled send time:"
+    )
+    print(
+        f"  {fixed.requests:,} measured: p50 {fixed.p50_ms:.2f} ms, p99 {fixed.p99_ms:.2f} ms,"
+        f" max {fixed.max_ms:.2f} ms, errors {fixed.errors};"
+        f" sender at worst {fixed.late_ms:.1f} ms behind schedule"
+    )
+    print(
+        f"  server CPU {fixed.cpu_s / wall:.0%} of a core, waited for it"
+        f" {fixed.wait_s / wall:.0%} of the time; sender waited {fixed.sender_wait_s / wall:.0%}"
+    )
+    # The writer thread writes a batch every few ms; give it a moment to finish.
+    deadline = time.monotonic() + 10
+    lines = audit_lines(one.audit) - before
+    while lines < fixed.answered and time.monotonic() < deadline:
+        time.sleep(0.1)
+        lines = audit_lines(one.audit) - before
+    print(
+        f"  audit log: {lines:,} lines for {fixed.answered:,} requests answered in this"
+        f" scenario (warm-up included): {'OK' if lines == fixed.answered else 'MISMATCH'}"
+    )
+    handler = sorted(orjson.loads(line)["latencyMs"] for line in audit_tail(one.audit, lines))
+    if handler:
+        print(
+            f"  inside the handler (audit latencyMs, body read to answer): p50"
+            f" {percentile(handler, 0.5):.2f} ms, p99 {percentile(handler, 0.99):.2f} ms"
+        )
+
+    rss = {pid: kib / 1024 for pid, kib in one.peak_rss_kib().items()}
+    rss_mb = max(rss.values())
+    rss_two = ", ".join(
+        f"{'parent' if pid == two.process.pid else 'worker'} {kib / 1024:.1f} MB"
+        for pid, kib in two.peak_rss_kib().items()
+    )
+    print(f"\npeak RSS (VmHWM): one worker {rss_mb:.1f} MB; --workers 2: {rss_two}")
+
+    x1, x2 = summaries["ours", "b"], summaries["x2", "b"]
+    ratio = x2.rps / x1.rps if x1.rps else float("nan")
+    print(
+        f"\n--workers 2{' on cores 0,1' if pinning() else ''}, load generator unpinned,"
+        " same rounds (CPU 200% = both cores):"
+    )
+    print(HEADER)
+    print(fmt_row(b.title + " x1", x1))
+    print(fmt_row(b.title + " x2", x2))
+    print(f"  scaling: {x2.rps:,.0f} / {x1.rps:,.0f} req/s = {ratio:.2f}x")
+    checks = [
+        (f"p99 <= {TARGET_P99_MS:g} ms at {args.rate:,.0f} req/s (issue 3)",
+         fixed.p99_ms <= TARGET_P99_MS, f"{fixed.p99_ms:.2f} ms"),
+        (f"peak RSS <= {TARGET_RSS_MB:g} MB (issue 3)", rss_mb <= TARGET_RSS_MB, f"{rss_mb:.1f} MB"),
+        ("audit lines == answers", lines == fixed.answered, f"{lines:,}/{fixed.answered:,}"),
+    ]  # fmt: skip
+    return checks, fixed.errors
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -980,6 +1303,24 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--connections", type=int, default=16, help="keep-alive connections (16)")
     parser.add_argument("--rate", type=float, default=1000.0, help="fixed rate, req/s (1000)")
     parser.add_argument("--loadgen", choices=["auto", "wrk", "aiohttp"], default="auto")
+    parser.add_argument(
+        "--only",
+        choices=["all", "closed"],
+        default="all",
+        help="closed: the closed-loop comparisons only, no --workers 2, open loop or RSS (all)",
+    )
+    parser.add_argument(
+        "--scenarios",
+        default="abc",
+        help="closed-loop scenarios, of a, b, c; b is always needed (abc)",
+    )
+    parser.add_argument(
+        "--baseline-python",
+        metavar="PYTHON",
+        help="also run the closed-loop scenarios against a server started with this"
+        " interpreter, importing the webhook it has installed (an older checkout's venv),"
+        " in the same rounds, and print before/after ratios",
+    )
     parser.set_defaults(handler=command_bench, command=None)
     commands = parser.add_subparsers(dest="command")
     load = commands.add_parser("load", help="(internal) the aiohttp load generator process")
@@ -991,6 +1332,12 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--duration", type=float, default=10.0)
     load.add_argument("--warmup", type=float, default=2.0)
     load.add_argument("--rate", type=float, default=1000.0)
+    bare = commands.add_parser("bare", help="(internal) the bare aiohttp HTTPS server")
+    bare.add_argument("--port", type=int, required=True)
+    bare.add_argument("--health-port", type=int, required=True)
+    bare.add_argument("--cert", required=True)
+    bare.add_argument("--key", required=True)
+    bare.add_argument("--response", action="append", default=[], metavar="PATH=FILE")
     return parser
 
 
@@ -1000,10 +1347,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not args.url.startswith(f"https://{HOST}:"):
             raise SystemExit(f"only {HOST} may be a target")
         return command_load(args)
+    if args.command == "bare":
+        return command_bare(args)
     if not (0 < args.duration <= 60 and 0 <= args.warmup <= 30 and 1 <= args.rounds <= 20):
         raise SystemExit("--duration must be in (0, 60], --warmup in [0, 30], --rounds in [1, 20]")
     if not (0 < args.rate <= 20000 and 1 <= args.connections <= 512):
         raise SystemExit("--rate must be in (0, 20000] and --connections in [1, 512]")
+    if not (set(args.scenarios) <= set("abc") and "b" in args.scenarios):
+        raise SystemExit("--scenarios takes letters of a, b, c, b among them")
     try:
         with interruptible():
             return command_bench(args)
