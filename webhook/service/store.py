@@ -20,8 +20,6 @@ log = logging.getLogger(__name__)
 class PolicyStore:
     def __init__(self, path: str | Path | None) -> None:
         self.path = Path(path) if path is not None else None
-        self.reloads_ok = 0
-        self.reloads_failed = 0
         self.listeners: list[Callable[[bool], None]] = []
         self._fingerprint: Fingerprint = None
         if self.path is None:
@@ -38,7 +36,6 @@ class PolicyStore:
         try:
             policy = load_policy(self.path)
         except PolicyError as exc:
-            self.reloads_failed += 1
             for error in exc.errors:
                 log.error(
                     "policy reload refused, keeping %s: %s: %s",
@@ -50,7 +47,6 @@ class PolicyStore:
             return False
         changed = policy.digest != self.policy.digest
         self.policy = policy
-        self.reloads_ok += 1
         if changed:
             log.info("policy %s (%s) in force from %s", policy.name, policy.digest, self.path)
         self._notify(ok=True)
