@@ -143,7 +143,7 @@ def test_ack_mps_job_gets_host_ipc_and_pinned_memory_in_mib() -> None:
     assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/nvidia-mps"
     assert "LD_PRELOAD" not in env
     assert spec["containers"][0]["volumeMounts"] == [
-        {"name": "gpushare-mps-pipe", "mountPath": "/tmp/nvidia-mps"}
+        {"name": "gpushare-mps-pipe", "mountPath": "/tmp/nvidia-mps", "readOnly": True}
     ]
 
 

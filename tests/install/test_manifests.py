@@ -26,6 +26,7 @@ import yaml
 import webhook
 from tests.paths import ROOT
 from webhook.cli import build_parser, main
+from webhook.core.workload import TEMPLATE_PATHS
 from webhook.install import manifests
 from webhook.install.manifests import ManifestError, Obj
 from webhook.policies import load_policy
@@ -286,23 +287,32 @@ def _rules(hook: Obj) -> set[tuple[str, str, str]]:
     }
 
 
+# The API group of every kind the decision core finds a pod template in.
+_TEMPLATE_GROUPS = {
+    "Deployment": "apps",
+    "StatefulSet": "apps",
+    "DaemonSet": "apps",
+    "ReplicaSet": "apps",
+    "ReplicationController": "",
+    "Job": "batch",
+    "CronJob": "batch",
+}
+
+
 def test_webhook_rules() -> None:
     mutating, validating = hooks(manifests.render())
+    # Every kind the core handles is registered: a handled kind nobody sends us is a bypass.
+    assert set(_TEMPLATE_GROUPS) == set(TEMPLATE_PATHS)
     workloads = {
-        (group, resource, operation)
-        for group, resource in [
-            ("apps", "deployments"),
-            ("apps", "statefulsets"),
-            ("apps", "daemonsets"),
-            ("apps", "replicasets"),
-            ("batch", "jobs"),
-            ("batch", "cronjobs"),
-        ]
+        (group, kind.lower() + "s", operation)
+        for kind, group in _TEMPLATE_GROUPS.items()
         for operation in ("CREATE", "UPDATE")
     }
     assert _rules(mutating) == {("", "pods", "CREATE"), *workloads}
     assert _rules(validating) == {
         ("", "pods", "CREATE"),
+        # Reserved annotations forged on a pending pod, CDI annotations added to it.
+        ("", "pods", "UPDATE"),
         ("", "pods/ephemeralcontainers", "UPDATE"),
         *workloads,
     }

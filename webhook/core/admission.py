@@ -73,7 +73,10 @@ def answer(
     if not isinstance(obj, dict):
         obj = {}
     facts = request_facts(request, obj)
-    decision = decide(obj, facts, policy, phase=endpoint)
+    old = request.get("oldObject")
+    decision = decide(
+        obj, facts, policy, phase=endpoint, old=old if isinstance(old, dict) else None
+    )
     review = _response(version, request["uid"], decision, policy, endpoint=endpoint)
     return Answer(review=review, decision=decision, request=request, facts=facts)
 

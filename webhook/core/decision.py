@@ -11,14 +11,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypedDict
 
+from webhook.core.finding import Finding
 from webhook.core.injection import NOTHING, injection_for
-from webhook.core.mode import choose_mode
+from webhook.core.mode import ModeChoice, choose_mode
 from webhook.core.mutation import first_missing, mutate
 from webhook.core.policy import Action, Mode, Policy, match_any
-from webhook.core.resources import Finding, read_pod
+from webhook.core.resources import read_pod
 from webhook.core.rules import Phase, Subject, evaluate
 from webhook.core.wire import PatchOp
-from webhook.core.workload import as_mapping, find_pod
+from webhook.core.workload import PodView, as_mapping, find_pod
 
 MAX_WARNING: Final = 120
 _SEVERITY: Final[Mapping[str, int]] = {"off": 0, "audit": 1, "warn": 2, "deny": 3}
@@ -49,6 +50,8 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
     patch: list[PatchOp] = field(default_factory=list)
     exempt: bool = False
+    # Each violation's message with user-supplied values redacted, in the same order.
+    redacted: list[str] = field(default_factory=list)
 
     @property
     def denials(self) -> list[Violation]:
@@ -66,18 +69,66 @@ def _shorten(text: str) -> str:
 def exempt(request: Request, policy: Policy) -> bool:
     if policy.exempt_namespaces and match_any(request.namespace, policy.exempt_namespaces):
         return True
-    if request.username in policy.exempt_users:
-        return True
-    if policy.exempt_groups.intersection(request.groups):
-        return True
-    if policy.exempt_service_accounts and request.username.startswith("system:serviceaccount:"):
-        namespace, _, name = request.username[len("system:serviceaccount:") :].partition(":")
-        return match_any(f"{namespace}/{name}", policy.exempt_service_accounts)
-    return False
+    return policy.exempt.match(request.username, request.groups)
 
 
-def decide(obj: Mapping[str, Any], request: Request, policy: Policy, *, phase: Phase) -> Decision:
-    """The verdict of one endpoint (``mutate`` or ``validate``) on ``obj``."""
+@dataclass(frozen=True, slots=True)
+class _Examined:
+    """A pod view read and judged: its requests, mode, injection and findings."""
+
+    subject: Subject
+    choice: ModeChoice
+    findings: list[Finding]
+
+
+def _examine(
+    view: PodView,
+    request: Request,
+    policy: Policy,
+    *,
+    phase: Phase,
+    namespace: str,
+    previous: Mapping[str, Any] | None = None,
+) -> _Examined:
+    requests = read_pod(view.spec, policy)
+    annotations = as_mapping(as_mapping(view.metadata).get("annotations"))
+    choice = choose_mode(
+        annotations=annotations,
+        node_selector=as_mapping(view.spec.get("nodeSelector")),
+        namespace=namespace,
+        requests=requests,
+        policy=policy,
+    )
+    subject = Subject(
+        view=view,
+        requests=requests,
+        mode=choice.mode,
+        operation=request.operation,
+        phase=phase,
+        injection=injection_for(choice.mode, policy) if requests.sharing else NOTHING,
+        # Only a request that touches annotations needs to know who makes it.
+        allocator=(bool(annotations) or previous is not None)
+        and policy.reserved_writers.match(request.username, request.groups),
+        previous=previous,
+    )
+    findings = evaluate(subject, policy)
+    if subject.created:
+        findings.extend(choice.findings)
+    return _Examined(subject=subject, choice=choice, findings=findings)
+
+
+def decide(
+    obj: Mapping[str, Any],
+    request: Request,
+    policy: Policy,
+    *,
+    phase: Phase,
+    old: Mapping[str, Any] | None = None,
+) -> Decision:
+    """The verdict of one endpoint (``mutate`` or ``validate``) on ``obj``.
+
+    ``old`` is the object before an UPDATE (the AdmissionRequest's ``oldObject``).
+    """
     decision = Decision()
     if request.operation not in ("CREATE", "UPDATE"):
         return decision
@@ -90,33 +141,28 @@ def decide(obj: Mapping[str, Any], request: Request, policy: Policy, *, phase: P
     namespace = request.namespace or str(
         as_mapping(obj.get("metadata")).get("namespace") or "default"
     )
-    requests = read_pod(view.spec, policy)
-    choice = choose_mode(
-        annotations=as_mapping(as_mapping(view.metadata).get("annotations")),
-        node_selector=as_mapping(view.spec.get("nodeSelector")),
-        namespace=namespace,
-        requests=requests,
-        policy=policy,
-    )
+    # An update of a pod is judged by what it adds: what the pod had before is not its
+    # doing (a policy tightened since its creation must not refuse a label change).
+    old_view = None
+    if request.operation == "UPDATE" and not view.template and old is not None:
+        old_view = find_pod(old, request.kind)
+    previous = None
+    if old_view is not None:
+        previous = as_mapping(as_mapping(old_view.metadata).get("annotations"))
+    examined = _examine(view, request, policy, phase=phase, namespace=namespace, previous=previous)
+    findings = examined.findings
+    if old_view is not None:
+        before = _examine(old_view, request, policy, phase=phase, namespace=namespace)
+        seen = {(f.rule, f.message) for f in before.findings}
+        findings = [f for f in findings if (f.rule, f.message) not in seen]
+    subject, choice = examined.subject, examined.choice
     decision.mode = choice.mode
-    injection = injection_for(choice.mode, policy) if requests.sharing else NOTHING
-    subject = Subject(
-        view=view,
-        requests=requests,
-        mode=choice.mode,
-        operation=request.operation,
-        phase=phase,
-        injection=injection,
-    )
-    findings = evaluate(subject, policy)
-    if subject.created:
-        findings.extend(choice.findings)
     # A pod's spec cannot change after creation (bar ephemeral containers): mutate
     # new pods and templates only.
-    mutable = subject.created and requests.sharing
+    mutable = subject.created and subject.requests.sharing
     capped: list[Finding] = []
     if mutable and phase == "validate":
-        missing = first_missing(view, requests, choice.mode, policy, injection)
+        missing = first_missing(view, subject.requests, choice.mode, policy, subject.injection)
         if missing is not None:
             findings.append(
                 Finding(
@@ -126,12 +172,12 @@ def decide(obj: Mapping[str, Any], request: Request, policy: Policy, *, phase: P
                 )
             )
     elif mutable:
-        mutation = mutate(view, requests, choice.mode, policy, injection)
+        mutation = mutate(view, subject.requests, choice.mode, policy, subject.injection)
         decision.patch = mutation.ops
         capped = [Finding("limit-tampering", text) for text in mutation.overwritten]
     _apply_actions(decision, findings, capped, policy)
     if mutable:
-        for request_ in requests.containers:
+        for request_ in subject.requests.containers:
             decision.warnings.extend(_shorten(note) for note in request_.notes)
     if not decision.allowed:
         decision.patch = []
@@ -157,6 +203,7 @@ def _apply_actions(
         decision.violations.append(
             {"rule": finding.rule, "action": action, "message": finding.message}
         )
+        decision.redacted.append(finding.redacted)
         if action == "deny":
             decision.allowed = False
         elif action == "warn":

@@ -34,6 +34,8 @@ class Injection:
 
     volumes: tuple[dict[str, Any], ...] = ()
     mounts: tuple[dict[str, Any], ...] = ()
+    # Host volumes every GPU pod on the node shares: any mount of them must be read-only.
+    read_only_volumes: frozenset[str] = frozenset()
 
     def allows(self, volume: Mapping[str, Any]) -> bool:
         """``volume`` is exactly one the mutation injects."""
@@ -70,7 +72,11 @@ def injection_for(mode: Mode, policy: Policy) -> Injection:
                 }
             )
             mounts.append({"name": VOLUME_PRELOAD, "mountPath": PRELOAD_FILE, "readOnly": True})
-        return Injection(volumes=tuple(volumes), mounts=tuple(mounts))
+        return Injection(
+            volumes=tuple(volumes),
+            mounts=tuple(mounts),
+            read_only_volumes=frozenset({VOLUME_LIBRARY, VOLUME_PRELOAD}),
+        )
     if mode == "mps":
         return Injection(
             volumes=(
@@ -79,7 +85,12 @@ def injection_for(mode: Mode, policy: Policy) -> Injection:
                     "hostPath": {"path": policy.mps_pipe_directory, "type": "DirectoryOrCreate"},
                 },
             ),
-            mounts=({"name": VOLUME_MPS_PIPE, "mountPath": policy.mps_pipe_directory},),
+            # Read-only: clients still reach the daemon's pipes and socket (FIFOs and
+            # sockets ignore a read-only mount), but cannot replace them for other pods.
+            mounts=(
+                {"name": VOLUME_MPS_PIPE, "mountPath": policy.mps_pipe_directory, "readOnly": True},
+            ),
+            read_only_volumes=frozenset({VOLUME_MPS_PIPE}),
         )
     return NOTHING
 

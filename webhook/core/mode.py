@@ -6,8 +6,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from webhook.core.finding import Finding, quoted
 from webhook.core.policy import Mode, NodeSelectorMode, Policy
-from webhook.core.resources import Finding, PodRequests
+from webhook.core.resources import PodRequests
 
 # Values other projects write for the same modes (HAMi's nvidia.com/vgpu-mode: hami-core).
 _ALIASES: Final[Mapping[str, Mode]] = {
@@ -38,7 +39,8 @@ def _annotated_mode(
         if value is None:
             findings.append(
                 Finding(
-                    "mode-conflict", f'annotation {key} "{raw}" is not a mode; use vgpu, mps or mig'
+                    "mode-conflict",
+                    f"annotation {key} {quoted(raw)} is not a mode; use vgpu, mps or mig",
                 )
             )
             continue
@@ -90,7 +92,8 @@ def _placement_conflicts(
             have = node_selector.get(key)
             if have is not None and str(have) != wanted:
                 yield Finding(
-                    "mode-conflict", f'nodeSelector {key}="{have}" but MPS pods need "{wanted}"'
+                    "mode-conflict",
+                    f'nodeSelector {key}={quoted(have)} but MPS pods need "{wanted}"',
                 )
     if mode != "none" and not policy.mode_allowed(mode, namespace):
         yield Finding(

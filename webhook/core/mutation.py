@@ -18,6 +18,7 @@ from functools import partial
 from typing import Any
 
 from webhook.core.env import env_value
+from webhook.core.finding import quoted
 from webhook.core.injection import (
     CACHE_DIR,
     LIBRARY_PATH,
@@ -48,12 +49,14 @@ def escape(segment: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Want:
-    """One env var the mutation wants; ``prepend`` keeps the user's value after ours."""
+    """One env var the mutation wants; ``prepend`` keeps the user's value after ours,
+    ``keep`` lists user values that stay because they are stricter than ours."""
 
     name: str
     value: str
     prepend: bool = False
     report: bool = True
+    keep: tuple[str, ...] = ()
 
 
 def wanted_env(request: ContainerRequest, mode: Mode, policy: Policy) -> list[Want]:
@@ -69,8 +72,22 @@ def wanted_env(request: ContainerRequest, mode: Mode, policy: Policy) -> list[Wa
             )
         if request.cores is not None:
             wants.append(Want("CUDA_DEVICE_SM_LIMIT", str(request.cores)))
-        if policy.core_utilization_policy != "default":
-            wants.append(Want("GPU_CORE_UTILIZATION_POLICY", policy.core_utilization_policy))
+            # HAMi-core reads CUDA_DEVICE_SM_LIMIT_<i> before CUDA_DEVICE_SM_LIMIT.
+            wants.extend(
+                Want(f"CUDA_DEVICE_SM_LIMIT_{i}", str(request.cores)) for i in range(request.gpus)
+            )
+        # Pinned in the pod's env, which wins over envFrom and the image's ENV: neither
+        # can then loosen the switches HAMi-core reads. A user's force is stricter than
+        # any policy value (HAMi-core compares the exact spellings).
+        wants.append(
+            Want(
+                "GPU_CORE_UTILIZATION_POLICY",
+                policy.core_utilization_policy,
+                keep=("force", "FORCE"),
+            )
+        )
+        wants.append(Want("CUDA_REDIRECT", ""))
+        wants.append(Want("ACTIVE_OOM_KILLER", "true"))
         wants.append(
             Want(
                 "CUDA_DEVICE_MEMORY_SHARED_CACHE",
@@ -107,6 +124,8 @@ def stray_env(request: ContainerRequest, mode: Mode, wanted: set[str], name: str
 
 
 def _merged(want: Want, current: str | None) -> str:
+    if current is not None and current in want.keep:
+        return current
     if not want.prepend or not current:
         return want.value
     rest = [p for p in current.replace(" ", ":").split(":") if p and p != want.value]
@@ -141,10 +160,11 @@ def _env_ops(
         if index is None:
             appends.append({"name": want.name, "value": value})
             continue
-        if current == value and len(env[index]) == 2:
+        # The apiserver stores an empty value as no value at all: {"name": N} is N="".
+        if current == value and env[index].keys() <= {"name", "value"}:
             continue
         if want.report:
-            shown = "valueFrom" if current is None else f'"{current}"'
+            shown = "valueFrom" if current is None else quoted(current)
             notes.append(f'{label}: {want.name} {shown} replaced by "{value}"')
         yield {
             "op": "replace",

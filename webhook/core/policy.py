@@ -43,6 +43,13 @@ Mode = Literal["vgpu", "mps", "mig", "none"]
 
 _STRINGS = {"type": "array", "items": {"type": "string", "minLength": 1}}
 _ABS_PATH = {"type": "string", "pattern": "^/"}
+_IDENTITY_PROPERTIES: dict[str, Any] = {
+    "users": _STRINGS,
+    "groups": _STRINGS,
+    # namespace/name, globs allowed
+    "serviceAccounts": {"type": "array", "items": {"type": "string", "pattern": "^[^/]+/[^/]+$"}},
+}
+_IDENTITIES = {"type": "object", "additionalProperties": False, "properties": _IDENTITY_PROPERTIES}
 _MAXIMA = {
     "type": "object",
     "additionalProperties": False,
@@ -146,17 +153,22 @@ SCHEMA: Final[dict[str, Any]] = {
                     "additionalProperties": {"enum": list(ACTIONS)},
                 },
                 "reservedAnnotations": _STRINGS,
+                "reservedAnnotationWriters": _IDENTITIES,
+                "hostPaths": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "mode": {"enum": ["denylist", "allowlist"]},
+                        "allowed": {"type": "array", "items": _ABS_PATH},
+                        "protected": {"type": "array", "items": _ABS_PATH},
+                    },
+                },
                 "exemptions": {
                     "type": "object",
                     "additionalProperties": False,
                     "properties": {
                         "namespaces": _STRINGS,
-                        "users": _STRINGS,
-                        "groups": _STRINGS,
-                        "serviceAccounts": {
-                            "type": "array",
-                            "items": {"type": "string", "pattern": "^[^/]+/[^/]+$"},
-                        },
+                        **_IDENTITY_PROPERTIES,
                     },
                 },
                 "limits": {
@@ -194,6 +206,26 @@ class Maxima:
     cores: int | None = None
 
 
+_SERVICE_ACCOUNT: Final = "system:serviceaccount:"
+
+
+@dataclass(frozen=True, slots=True)
+class Identities:
+    """Users, groups and service accounts (``namespace/name`` globs) a policy names."""
+
+    users: frozenset[str] = frozenset()
+    groups: frozenset[str] = frozenset()
+    service_accounts: tuple[str, ...] = ()
+
+    def match(self, username: str, groups: Iterable[str]) -> bool:
+        if username in self.users or self.groups.intersection(groups):
+            return True
+        if self.service_accounts and username.startswith(_SERVICE_ACCOUNT):
+            namespace, _, name = username[len(_SERVICE_ACCOUNT) :].partition(":")
+            return match_any(f"{namespace}/{name}", self.service_accounts)
+        return False
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """A validated policy, compiled for fast lookups."""
@@ -226,10 +258,12 @@ class Policy:
     mps_node_selector: Mapping[str, str]
     actions: Mapping[str, Action]
     reserved_annotations: tuple[str, ...]
+    reserved_writers: Identities
     exempt_namespaces: tuple[str, ...]
-    exempt_users: frozenset[str]
-    exempt_groups: frozenset[str]
-    exempt_service_accounts: frozenset[str]
+    exempt: Identities
+    host_path_mode: Literal["denylist", "allowlist"]
+    allowed_host_paths: tuple[str, ...]
+    protected_host_paths: tuple[str, ...]
     container_maxima: Maxima
     pod_maxima: Maxima
     spec: Mapping[str, Any] = field(repr=False, compare=False)
@@ -432,10 +466,12 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         mps_node_selector=dict(spec["mps"]["nodeSelector"]),
         actions={rule: spec["rules"].get(rule, "deny") for rule in RULE_IDS},
         reserved_annotations=tuple(spec["reservedAnnotations"]),
+        reserved_writers=_identities(spec["reservedAnnotationWriters"]),
         exempt_namespaces=tuple(exemptions["namespaces"]),
-        exempt_users=frozenset(exemptions["users"]),
-        exempt_groups=frozenset(exemptions["groups"]),
-        exempt_service_accounts=frozenset(exemptions["serviceAccounts"]),
+        exempt=_identities(exemptions),
+        host_path_mode=spec["hostPaths"]["mode"],
+        allowed_host_paths=tuple(spec["hostPaths"]["allowed"]),
+        protected_host_paths=tuple(spec["hostPaths"]["protected"]),
         container_maxima=_maxima(limits["perContainer"]),
         pod_maxima=_maxima(limits["perPod"]),
         spec=spec,
@@ -444,3 +480,11 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
 
 def _maxima(raw: Mapping[str, int]) -> Maxima:
     return Maxima(gpus=raw.get("gpus"), memory_mib=raw.get("memoryMiB"), cores=raw.get("cores"))
+
+
+def _identities(raw: Mapping[str, Any]) -> Identities:
+    return Identities(
+        users=frozenset(raw.get("users", ())),
+        groups=frozenset(raw.get("groups", ())),
+        service_accounts=tuple(raw.get("serviceAccounts", ())),
+    )

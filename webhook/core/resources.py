@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from webhook.core import quantity
+from webhook.core.finding import Finding, quoted
 from webhook.core.policy import Policy
 from webhook.core.workload import as_mapping
 
@@ -46,19 +47,13 @@ def describe(kind: ContainerKind, name: str) -> str:
 
 
 @dataclass(slots=True)
-class Finding:
-    """A finding about a request, before the policy turns it into a violation."""
-
-    rule: str
-    message: str
-
-
-@dataclass(slots=True)
 class ContainerRequest:
     kind: ContainerKind
     index: int
     name: str
     gpus: int = 0
+    # An init container with restartPolicy Always runs beside the main containers.
+    sidecar: bool = False
     memory_mib: int | None = None
     memory_percentage: int | None = None
     cores: int | None = None
@@ -111,7 +106,7 @@ def _integer(
     if text is None or parsed is None:
         return None, Finding(
             "invalid-gpu-request",
-            f'{label}: {resource} "{raw}" is not a quantity; write a plain integer',
+            f"{label}: {resource} {quoted(raw)} is not a quantity; write a plain integer",
         )
     value = parsed.value
     # The apiserver stores quantities canonically: a plain 3000 arrives as "3k", so
@@ -124,15 +119,15 @@ def _integer(
             hint = f'; write "{int(value / scale)}"' if scale <= value < scale << 40 else ""
             return None, Finding(
                 "invalid-gpu-request",
-                f'{label}: {resource} "{text}" must be {unit} as a plain integer{hint}',
+                f"{label}: {resource} {quoted(text)} must be {unit} as a plain integer{hint}",
             )
         return None, Finding(
             "invalid-gpu-request",
-            f'{label}: {resource} "{text}" must be a plain integer ({unit}), without a suffix',
+            f"{label}: {resource} {quoted(text)} must be a plain integer ({unit}), without a suffix",
         )
     if value != value.to_integral_value():
         return None, Finding(
-            "invalid-gpu-request", f'{label}: {resource} "{text}" must be a whole number'
+            "invalid-gpu-request", f"{label}: {resource} {quoted(text)} must be a whole number"
         )
     low, high = _RANGES[unit]
     # Compare as Decimal first: int("1e999999") would build a million-digit integer.
@@ -144,7 +139,7 @@ def _integer(
                 hint = f'; bytes? write "{int(value) >> 20}"'
         return None, Finding(
             "invalid-gpu-request",
-            f'{label}: {resource} "{text}" must be {low}..{high} {unit}{hint}',
+            f"{label}: {resource} {quoted(text)} must be {low}..{high} {unit}{hint}",
         )
     return int(value), None
 
@@ -178,8 +173,8 @@ def _raw_value(
         request.problems.append(
             Finding(
                 "invalid-gpu-request",
-                f'{label}: {resource} request "{requests[resource]}" differs from '
-                f'limit "{raw}"; make them equal',
+                f"{label}: {resource} request {quoted(requests[resource])} differs from "
+                f"limit {quoted(raw)}; make them equal",
             )
         )
     return raw
@@ -213,7 +208,8 @@ def _read_sharing(resource: str, raw: Any, request: ContainerRequest, policy: Po
             request.priority = int(text)
         else:
             problem = Finding(
-                "invalid-gpu-request", f'{label}: {resource} "{raw}" must be an integer priority'
+                "invalid-gpu-request",
+                f"{label}: {resource} {quoted(raw)} must be an integer priority",
             )
     if problem:
         request.problems.append(problem)
@@ -232,7 +228,12 @@ def read_container(
     if not names:
         return None
     name = container.get("name")
-    request = ContainerRequest(kind=kind, index=index, name=name if isinstance(name, str) else "")
+    request = ContainerRequest(
+        kind=kind,
+        index=index,
+        name=name if isinstance(name, str) else "",
+        sidecar=kind == "initContainers" and container.get("restartPolicy") == "Always",
+    )
     label = request.label
     for resource in names:
         raw = _raw_value(resource, limits, requests, request)

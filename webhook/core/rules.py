@@ -4,29 +4,55 @@ from __future__ import annotations
 
 import posixpath
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from webhook.core.env import effective_env, env_value, opaque
+from webhook.core.finding import Finding, quoted
 from webhook.core.injection import MPS_LIMIT_VARS, VGPU_LIMIT_PREFIXES, Injection
 from webhook.core.policy import Mode, Policy
-from webhook.core.resources import CONTAINER_KINDS, ContainerRequest, Finding, PodRequests, describe
+from webhook.core.resources import CONTAINER_KINDS, ContainerRequest, PodRequests, describe
 from webhook.core.workload import PodView, as_mapping
 
 Phase = Literal["mutate", "validate"]
 
 _HARMLESS_VISIBLE_DEVICES: Final = frozenset({"void", "none", ""})
 _TRUTHY: Final = frozenset({"1", "true", "yes", "on", "y", "t"})
+_FALSY: Final = frozenset({"0", "false"})
+# The env switches that turn HAMi-core's enforcement off or loosen it.
+_SWITCHES: Final = frozenset(
+    {"CUDA_DISABLE_CONTROL", "GPU_CORE_UTILIZATION_POLICY", "CUDA_REDIRECT", "ACTIVE_OOM_KILLER"}
+)
 # A percent as ASCII digits: str.isdigit() takes "\u00b2", and int() then raises.
 _PERCENT: Final = re.compile(r"[0-9]{1,9}")
 # Mounting any of these from the host hands out GPUs behind the scheduler's back
 # (/dev/char/<major>:<minor> are the same device nodes under their numbers).
 _DEVICE_PREFIXES: Final = ("/dev/nvidia", "/run/nvidia", "/var/run/nvidia", "/dev/char")
-# /proc/<pid>/root (and cwd, for the kubelet "/") is the host's root under another name.
-_ROOT_ALIAS: Final = re.compile(r"/proc/[^/]+/(?:root|cwd)(?:/|$)")
 # Mounting a parent directory exposes the device nodes as well.
 _DEVICE_PARENTS: Final = frozenset({"/", "/dev", "/run", "/var/run", "/var"})
+# What reaches the accounting from the side: the kubelet's state (device-plugin sockets,
+# other pods' volumes and limit caches), /proc (/proc/<pid>/root is the host's root),
+# and the container runtimes' sockets and state. Their parents count too.
+_SIDE_ROOTS: Final = (
+    "/var/lib/kubelet",
+    "/proc",
+    "/run/containerd",
+    "/var/run/containerd",
+    "/var/lib/containerd",
+    "/run/crio",
+    "/var/run/crio",
+    "/var/lib/containers",
+    "/run/docker.sock",
+    "/var/run/docker.sock",
+    "/var/lib/docker",
+    "/run/cri-dockerd.sock",
+    "/var/run/cri-dockerd.sock",
+    "/run/k3s",
+    "/var/lib/rancher",
+)
+# The NVIDIA container toolkit reads device requests from mounts below these.
+_DEVICE_REQUEST_DIRS: Final = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +66,10 @@ class Subject:
     phase: Phase
     # What the mutation injects for this pod (nothing unless it shares a GPU).
     injection: Injection
+    # The request comes from an identity the policy lets write reserved annotations.
+    allocator: bool = False
+    # On an UPDATE of a pod: the annotations before it.
+    previous: Mapping[str, Any] | None = None
 
     @property
     def created(self) -> bool:
@@ -77,7 +107,7 @@ def node_name_pinning(subject: Subject) -> Iterator[Finding]:
     if node:
         yield Finding(
             "node-name-pinning",
-            f'spec.nodeName "{node}" skips GPU scheduling; use nodeSelector or affinity instead',
+            f"spec.nodeName {quoted(node)} skips GPU scheduling; use nodeSelector or affinity instead",
         )
 
 
@@ -102,45 +132,103 @@ def raw_visible_devices(subject: Subject) -> Iterator[Finding]:
             elif value.strip().lower() not in _HARMLESS_VISIBLE_DEVICES:
                 yield Finding(
                     "raw-visible-devices",
-                    f'{label}: NVIDIA_VISIBLE_DEVICES="{value[:24]}"; remove it, request GPUs in limits',
+                    f"{label}: NVIDIA_VISIBLE_DEVICES={quoted(value[:24])}; remove it, request GPUs in limits",
                 )
 
 
-def _protected(path: str, policy: Policy) -> bool:
+def normalised(path: str) -> str:
+    """An absolute path with ``//``, ``.``, ``..`` and trailing slashes resolved."""
     # Rooted before normalising: "." or "dev/.." would otherwise become "/.", not "/".
-    path = "/" + posixpath.normpath("/" + path).lstrip("/")
-    if path in _DEVICE_PARENTS or path.startswith(_DEVICE_PREFIXES) or _ROOT_ALIAS.match(path):
+    return "/" + posixpath.normpath("/" + path).lstrip("/")
+
+
+def _within(path: str, roots: Iterable[str]) -> bool:
+    """``path`` is one of ``roots`` or lies below one."""
+    return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
+
+
+def _protected(path: str, policy: Policy) -> bool:
+    """``path`` (normalised) reaches devices, limits or accounting, or contains what does."""
+    if path in _DEVICE_PARENTS or path.startswith(_DEVICE_PREFIXES):
         return True
     roots = (
+        *_SIDE_ROOTS,
         posixpath.dirname(policy.library_host_path),
-        policy.lock_host_path.rstrip("/") or "/",
-        policy.mps_pipe_directory.rstrip("/") or "/",
+        policy.lock_host_path,
+        policy.mps_pipe_directory,
+        *policy.protected_host_paths,
     )
     for root in roots:
+        root = normalised(root)
         if path == root or path.startswith(root + "/") or root.startswith(path + "/"):
             return True
     return False
 
 
-def host_device_access(subject: Subject, policy: Policy) -> Iterator[Finding]:
-    spec = subject.view.spec
-    volumes = spec.get("volumes")
-    if isinstance(volumes, list):
-        for volume in volumes:
-            if not isinstance(volume, (dict, Mapping)):
-                continue
-            host = volume.get("hostPath")
-            if not isinstance(host, (dict, Mapping)):
-                continue
-            path = host.get("path")
-            if not isinstance(path, str) or not _protected(path, policy):
-                continue
-            if subject.injection.allows(volume):
-                continue
+def _host_path_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
+    volumes = subject.view.spec.get("volumes")
+    if not isinstance(volumes, list):
+        return
+    # Allow-list mode binds pods that ask for a GPU; the deny list binds every pod.
+    allowlist = policy.host_path_mode == "allowlist" and subject.requests.gpu
+    for volume in volumes:
+        if not isinstance(volume, (dict, Mapping)):
+            continue
+        host = volume.get("hostPath")
+        if not isinstance(host, (dict, Mapping)):
+            continue
+        raw = host.get("path")
+        if not isinstance(raw, str) or subject.injection.allows(volume):
+            continue
+        path = normalised(raw)
+        name = volume.get("name")
+        if _protected(path, policy):
             yield Finding(
                 "host-device-access",
-                f'volume "{volume.get("name")}": hostPath {path} exposes GPUs or their limits; request GPUs in limits',
+                f'volume "{name}": hostPath {raw} exposes GPUs, their limits or the node\'s '
+                "accounting; request GPUs in limits",
             )
+        elif allowlist and not _within(path, policy.allowed_host_paths):
+            yield Finding(
+                "host-device-access",
+                f'volume "{name}": hostPath {raw} is not in the policy\'s allowed host paths',
+            )
+
+
+def _mount_findings(subject: Subject) -> Iterator[Finding]:
+    read_only = subject.injection.read_only_volumes
+    for label, container in iter_containers(subject.view.spec):
+        mounts = container.get("volumeMounts")
+        if not isinstance(mounts, list):
+            continue
+        for mount in mounts:
+            if not isinstance(mount, (dict, Mapping)):
+                continue
+            target = mount.get("mountPath")
+            # normpath never creates a component, so the name must be there as written.
+            if (
+                isinstance(target, str)
+                and "nvidia-container-devices" in target
+                and _within(normalised(target), _DEVICE_REQUEST_DIRS)
+            ):
+                yield Finding(
+                    "host-device-access",
+                    f"{label}: a mount at {target} asks the NVIDIA runtime for devices; "
+                    "request GPUs in limits",
+                )
+            name = mount.get("name")
+            # A list or map as a name is unhashable; only a string can name our volume.
+            if isinstance(name, str) and name in read_only and mount.get("readOnly") is not True:
+                yield Finding(
+                    "host-device-access",
+                    f'{label}: volume "{name}" is shared with every GPU pod on the node; '
+                    "mount it readOnly",
+                )
+
+
+def host_device_access(subject: Subject, policy: Policy) -> Iterator[Finding]:
+    yield from _host_path_findings(subject, policy)
+    yield from _mount_findings(subject)
     annotations = as_mapping(as_mapping(subject.view.metadata).get("annotations"))
     for key, value in annotations.items():
         if isinstance(key, str) and key.startswith("cdi.k8s.io/") and "nvidia.com/" in str(value):
@@ -196,37 +284,47 @@ def _exceeds(name: str, value: str | None, request: ContainerRequest, mode: Mode
     return None
 
 
+def _loosening(name: str, value: str | None, policy: Policy) -> str | None:
+    """Why an env entry switches HAMi-core's enforcement off or loosens it, or None.
+
+    A value from valueFrom or with $(VAR) references is only known once the kubelet
+    expands it, so it counts as loosening.
+    """
+    if name == "CUDA_DISABLE_CONTROL":
+        # HAMi's device plugin drops the preload when any entry parses true.
+        if opaque(value) or str(value).strip().lower() in _TRUTHY:
+            return "switches GPU limits off"
+    elif name == "GPU_CORE_UTILIZATION_POLICY":
+        if not policy.allow_disable_core_utilization_policy and (
+            opaque(value) or str(value).strip().lower() == "disable"
+        ):
+            return "loosens limits; use default or force"
+    elif name == "CUDA_REDIRECT":
+        # HAMi-core resolves every CUDA symbol in the named library instead: no hooks.
+        if opaque(value) or value:
+            return "makes HAMi-core skip its hooks"
+    elif name == "ACTIVE_OOM_KILLER" and (opaque(value) or str(value).strip().lower() in _FALSY):
+        return "turns HAMi-core's out-of-memory killer off"
+    return None
+
+
 def limit_tampering(subject: Subject, policy: Policy) -> Iterator[Finding]:
     if not subject.requests.gpu:
         return
     for label, container in iter_containers(subject.view.spec):
-        # Every CUDA_DISABLE_CONTROL entry counts: HAMi's device plugin drops the preload
-        # when any entry parses true, while the kubelet keeps the last one. A value with
-        # $(VAR) references is only known once the kubelet expands it, like valueFrom.
-        disabled = False
-        policy_entry: Mapping[str, Any] | None = None  # the last one wins, as in the kubelet
         entries = container.get("env")
+        # Every entry counts, not only the last: runtimes differ on which duplicate wins.
         for entry in entries if isinstance(entries, list) else ():
             if not isinstance(entry, (dict, Mapping)):
                 continue
             name = entry.get("name")
-            if name == "CUDA_DISABLE_CONTROL" and not disabled:
-                value = env_value(entry)
-                disabled = opaque(value) or str(value).strip().lower() in _TRUTHY
-            elif name == "GPU_CORE_UTILIZATION_POLICY":
-                policy_entry = entry
-        if disabled:
-            yield Finding(
-                "limit-tampering",
-                f"{label}: CUDA_DISABLE_CONTROL switches GPU limits off; remove it",
-            )
-        if policy_entry is not None and not policy.allow_disable_core_utilization_policy:
-            value = env_value(policy_entry)
-            if opaque(value) or str(value).strip().lower() == "disable":
-                yield Finding(
-                    "limit-tampering",
-                    f'{label}: GPU_CORE_UTILIZATION_POLICY="{value}" loosens limits; use default or force',
-                )
+            if not isinstance(name, str) or name not in _SWITCHES:
+                continue
+            value = env_value(entry)
+            why = _loosening(name, value, policy)
+            if why is not None:
+                shown = "from valueFrom" if value is None else f"={quoted(value)}"
+                yield Finding("limit-tampering", f"{label}: {name}{shown} {why}; remove it")
     if subject.phase != "validate" or not subject.created:
         return
     # What the mutation would overwrite is a warning at /mutate; reaching validation
@@ -253,13 +351,39 @@ def invalid_gpu_request(subject: Subject) -> Iterator[Finding]:
         yield from request.problems
 
 
+def _pod_totals(requests: PodRequests) -> tuple[int, int]:
+    """GPUs and MiB the pod holds at its peak, as Kubernetes sums effective requests.
+
+    Main containers and sidecars (restartPolicy Always init containers) run together;
+    a plain init container runs alone, beside the sidecars declared before it.
+    """
+    main = [0, 0]
+    sidecars = [0, 0]
+    init_peak = [0, 0]
+    for request in requests.containers:
+        if not request.shares:
+            continue
+        need = (request.gpus, (request.memory_mib or 0) * request.gpus)
+        if request.kind == "containers":
+            main = [main[0] + need[0], main[1] + need[1]]
+        elif request.kind == "initContainers" and request.sidecar:
+            sidecars = [sidecars[0] + need[0], sidecars[1] + need[1]]
+        elif request.kind == "initContainers":
+            init_peak = [
+                max(init_peak[0], need[0] + sidecars[0]),
+                max(init_peak[1], need[1] + sidecars[1]),
+            ]
+    return (
+        max(main[0] + sidecars[0], init_peak[0]),
+        max(main[1] + sidecars[1], init_peak[1]),
+    )
+
+
 def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:
     if not subject.requests.containers:
         return
     per_container = policy.container_maxima
     per_pod = policy.pod_maxima
-    total_gpus = total_memory = 0
-    init_peak = [0, 0]
     for request in subject.requests.containers:
         if not request.shares:
             continue
@@ -282,14 +406,7 @@ def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:
                 "gpu-quota",
                 f"{request.label}: {request.cores}% cores, at most {per_container.cores}",
             )
-        if request.kind == "initContainers":
-            # Init containers run one at a time: the pod needs their peak, not their sum.
-            init_peak = [max(init_peak[0], request.gpus), max(init_peak[1], memory)]
-        elif request.kind == "containers":
-            total_gpus += request.gpus
-            total_memory += memory
-    gpus = max(total_gpus, init_peak[0])
-    memory = max(total_memory, init_peak[1])
+    gpus, memory = _pod_totals(subject.requests)
     if per_pod.gpus is not None and gpus > per_pod.gpus:
         yield Finding("gpu-quota", f"pod: {gpus} GPUs in all, at most {per_pod.gpus}")
     if per_pod.memory_mib is not None and memory > per_pod.memory_mib:
@@ -308,20 +425,41 @@ def scheduler_bypass(subject: Subject, policy: Policy) -> Iterator[Finding]:
         return
     yield Finding(
         "scheduler-bypass",
-        f'schedulerName "{scheduler}" skips GPU accounting; remove it (we set {policy.scheduler_name})',
+        f"schedulerName {quoted(scheduler)} skips GPU accounting; remove it (we set {policy.scheduler_name})",
     )
 
 
 def forged_allocation(subject: Subject, policy: Policy) -> Iterator[Finding]:
-    if not subject.created:
+    if subject.allocator:
         return
     annotations = as_mapping(as_mapping(subject.view.metadata).get("annotations"))
-    for key in annotations:
-        if isinstance(key, str) and policy.is_reserved_annotation(key):
-            yield Finding(
-                "forged-allocation",
-                f"annotation {key} is written by the GPU scheduler only; remove it",
-            )
+    if subject.created:
+        for key in annotations:
+            if isinstance(key, str) and policy.is_reserved_annotation(key):
+                yield Finding(
+                    "forged-allocation",
+                    f"annotation {key} is written by the GPU scheduler only; remove it",
+                )
+        return
+    before = subject.previous
+    if before is None:
+        return
+    # An update may not add, change or remove what the scheduler and device plugin
+    # wrote: removing an allocation frees it in the scheduler's ledger.
+    keys = {k for k in (*before, *annotations) if isinstance(k, str)}
+    for key in sorted(k for k in keys if policy.is_reserved_annotation(k)):
+        if key not in before:
+            change = "added"
+        elif key not in annotations:
+            change = "removed"
+        elif before[key] != annotations[key]:
+            change = "changed"
+        else:
+            continue
+        yield Finding(
+            "forged-allocation",
+            f"annotation {key} {change}: only the GPU scheduler and device plugin write it",
+        )
 
 
 def evaluate(subject: Subject, policy: Policy) -> list[Finding]:
@@ -337,10 +475,9 @@ def evaluate(subject: Subject, policy: Policy) -> list[Finding]:
     findings.extend(host_device_access(subject, policy))
     if gpu:
         findings.extend(limit_tampering(subject, policy))
-    if subject.created:
-        if gpu:
-            findings.extend(invalid_gpu_request(subject))
-            findings.extend(gpu_quota(subject, policy))
-            findings.extend(scheduler_bypass(subject, policy))
-        findings.extend(forged_allocation(subject, policy))
+    if subject.created and gpu:
+        findings.extend(invalid_gpu_request(subject))
+        findings.extend(gpu_quota(subject, policy))
+        findings.extend(scheduler_bypass(subject, policy))
+    findings.extend(forged_allocation(subject, policy))
     return findings

@@ -1,7 +1,9 @@
 """The audit log: one JSON line per decision, written off the event loop, none lost.
 
-Records carry rule ids and actions, never violation messages: messages quote env
-values and annotation contents, which may be secrets.
+Records carry each violation's rule, action and message with the user-supplied values
+redacted (:attr:`webhook.core.finding.Finding.redacted`): messages quote env values and
+annotation contents, which may be secrets, but an operator must still be able to answer
+"why was this pod refused" from the log alone.
 """
 
 from __future__ import annotations
@@ -99,7 +101,10 @@ def build_record(
         "endpoint": endpoint,
         "allowed": decision.allowed,
         "mode": decision.mode,
-        "violations": [{"rule": v["rule"], "action": v["action"]} for v in decision.violations],
+        "violations": [
+            {"rule": v["rule"], "action": v["action"], "message": message}
+            for v, message in zip(decision.violations, decision.redacted, strict=True)
+        ],
         "patchOps": len(decision.patch) if endpoint == "mutate" else 0,
         "policyHash": policy_hash,
         "latencyMs": round(latency_s * 1000, 3),
