@@ -7,7 +7,7 @@ never parses the body again.
 
 from __future__ import annotations
 
-import base64
+import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,7 +52,9 @@ def _response(
         response["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message()}
     if decision.patch and endpoint == "mutate":
         response["patchType"] = "JSONPatch"
-        response["patch"] = base64.b64encode(orjson.dumps(decision.patch)).decode()
+        # base64.b64encode is this call behind a Python frame (~0.5 us more a patch).
+        patch = orjson.dumps(decision.patch)
+        response["patch"] = binascii.b2a_base64(patch, newline=False).decode()
     if decision.warnings:
         response["warnings"] = decision.warnings
     annotations = {"mode": decision.mode, "policy": policy.digest}

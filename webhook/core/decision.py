@@ -31,7 +31,8 @@ class Violation(TypedDict):
     message: str
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: built per request, and a frozen field costs an object.__setattr__.
+@dataclass(slots=True)
 class Request:
     """The facts of an admission request that a decision depends on."""
 
@@ -72,7 +73,8 @@ def exempt(request: Request, policy: Policy) -> bool:
     return policy.exempt.match(request.username, request.groups)
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: built per request, and a frozen field costs an object.__setattr__.
+@dataclass(slots=True)
 class _Examined:
     """A pod view read and judged: its requests, mode, injection and findings."""
 

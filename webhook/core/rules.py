@@ -12,7 +12,13 @@ from webhook.core.env import effective_env, env_value, opaque
 from webhook.core.finding import Finding, quoted
 from webhook.core.injection import MPS_LIMIT_VARS, VGPU_LIMIT_PREFIXES, Injection
 from webhook.core.policy import Mode, Policy
-from webhook.core.resources import CONTAINER_KINDS, ContainerRequest, PodRequests, describe
+from webhook.core.resources import (
+    CONTAINER_KINDS,
+    ContainerKind,
+    ContainerRequest,
+    PodRequests,
+    describe,
+)
 from webhook.core.workload import PodView, as_mapping
 
 Phase = Literal["mutate", "validate"]
@@ -55,7 +61,8 @@ _SIDE_ROOTS: Final = (
 _DEVICE_REQUEST_DIRS: Final = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
 
 
-@dataclass(frozen=True, slots=True)
+# Not frozen: built per request, and a frozen field costs an object.__setattr__.
+@dataclass(slots=True)
 class Subject:
     """What the rules look at: the pod view, its requests and mode, and the request facts."""
 
@@ -77,29 +84,6 @@ class Subject:
         return self.view.template or self.operation == "CREATE"
 
 
-def iter_containers(spec: Mapping[str, Any]) -> Iterator[tuple[str, Mapping[str, Any]]]:
-    """(label, container) for every container, init container and ephemeral container."""
-    for kind in CONTAINER_KINDS:
-        containers = spec.get(kind)
-        if not isinstance(containers, list):
-            continue
-        for container in containers:
-            if isinstance(container, (dict, Mapping)):
-                name = container.get("name")
-                yield describe(kind, name if isinstance(name, str) else ""), container
-
-
-def privileged_gpu(subject: Subject) -> Iterator[Finding]:
-    if not subject.requests.gpu:
-        return
-    for label, container in iter_containers(subject.view.spec):
-        if as_mapping(container.get("securityContext")).get("privileged") is True:
-            yield Finding(
-                "privileged-gpu",
-                f"{label}: privileged in a GPU pod sees every GPU; remove securityContext.privileged",
-            )
-
-
 def node_name_pinning(subject: Subject) -> Iterator[Finding]:
     if not subject.requests.gpu or not subject.created:
         return
@@ -109,31 +93,6 @@ def node_name_pinning(subject: Subject) -> Iterator[Finding]:
             "node-name-pinning",
             f"spec.nodeName {quoted(node)} skips GPU scheduling; use nodeSelector or affinity instead",
         )
-
-
-def raw_visible_devices(subject: Subject) -> Iterator[Finding]:
-    for label, container in iter_containers(subject.view.spec):
-        env = container.get("env")
-        if not isinstance(env, list):
-            continue
-        # Every entry counts, not only the last: runtimes differ on which duplicate wins.
-        for item in env:
-            if (
-                not isinstance(item, (dict, Mapping))
-                or item.get("name") != "NVIDIA_VISIBLE_DEVICES"
-            ):
-                continue
-            value = env_value(item)
-            if value is None:
-                yield Finding(
-                    "raw-visible-devices",
-                    f"{label}: NVIDIA_VISIBLE_DEVICES from valueFrom; request GPUs in resources.limits",
-                )
-            elif value.strip().lower() not in _HARMLESS_VISIBLE_DEVICES:
-                yield Finding(
-                    "raw-visible-devices",
-                    f"{label}: NVIDIA_VISIBLE_DEVICES={quoted(value[:24])}; remove it, request GPUs in limits",
-                )
 
 
 def normalised(path: str) -> str:
@@ -195,40 +154,104 @@ def _host_path_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
             )
 
 
-def _mount_findings(subject: Subject) -> Iterator[Finding]:
-    read_only = subject.injection.read_only_volumes
-    for label, container in iter_containers(subject.view.spec):
-        mounts = container.get("volumeMounts")
-        if not isinstance(mounts, list):
+def _label(kind: ContainerKind, container: Mapping[str, Any]) -> str:
+    name = container.get("name")
+    return describe(kind, name if isinstance(name, str) else "")
+
+
+def _visible_devices(label: str, value: str | None) -> Finding | None:
+    if value is None:
+        return Finding(
+            "raw-visible-devices",
+            f"{label}: NVIDIA_VISIBLE_DEVICES from valueFrom; request GPUs in resources.limits",
+        )
+    if value.strip().lower() not in _HARMLESS_VISIBLE_DEVICES:
+        return Finding(
+            "raw-visible-devices",
+            f"{label}: NVIDIA_VISIBLE_DEVICES={quoted(value[:24])}; remove it, request GPUs in limits",
+        )
+    return None
+
+
+def _env_findings(
+    kind: ContainerKind, container: Mapping[str, Any], env: list[Any], *, gpu: bool, policy: Policy
+) -> Iterator[Finding]:
+    # Every entry counts, not only the last: runtimes differ on which duplicate wins.
+    for entry in env:
+        if not isinstance(entry, (dict, Mapping)):
             continue
-        for mount in mounts:
-            if not isinstance(mount, (dict, Mapping)):
+        name = entry.get("name")
+        if name == "NVIDIA_VISIBLE_DEVICES":
+            finding = _visible_devices(_label(kind, container), env_value(entry))
+            if finding is not None:
+                yield finding
+        elif gpu and isinstance(name, str) and name in _SWITCHES:
+            value = env_value(entry)
+            why = _loosening(name, value, policy)
+            if why is not None:
+                shown = "from valueFrom" if value is None else f"={quoted(value)}"
+                yield Finding(
+                    "limit-tampering", f"{_label(kind, container)}: {name}{shown} {why}; remove it"
+                )
+
+
+def _mount_findings(
+    kind: ContainerKind, container: Mapping[str, Any], mounts: list[Any], read_only: frozenset[str]
+) -> Iterator[Finding]:
+    for mount in mounts:
+        if not isinstance(mount, (dict, Mapping)):
+            continue
+        target = mount.get("mountPath")
+        # normpath never creates a component, so the name must be there as written.
+        if (
+            isinstance(target, str)
+            and "nvidia-container-devices" in target
+            and _within(normalised(target), _DEVICE_REQUEST_DIRS)
+        ):
+            yield Finding(
+                "host-device-access",
+                f"{_label(kind, container)}: a mount at {target} asks the NVIDIA runtime for "
+                "devices; request GPUs in limits",
+            )
+        name = mount.get("name")
+        # A list or map as a name is unhashable; only a string can name our volume.
+        if isinstance(name, str) and name in read_only and mount.get("readOnly") is not True:
+            yield Finding(
+                "host-device-access",
+                f'{_label(kind, container)}: volume "{name}" is shared with every GPU pod on the '
+                "node; mount it readOnly",
+            )
+
+
+def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
+    """The rules that look inside each container, in one walk over every container,
+    init container and ephemeral container: privileged-gpu, raw-visible-devices,
+    limit-tampering's switches and host-device-access's mounts."""
+    gpu = subject.requests.gpu
+    read_only = subject.injection.read_only_volumes
+    spec = subject.view.spec
+    for kind in CONTAINER_KINDS:
+        containers = spec.get(kind)
+        if not isinstance(containers, list):
+            continue
+        for container in containers:
+            if not isinstance(container, (dict, Mapping)):
                 continue
-            target = mount.get("mountPath")
-            # normpath never creates a component, so the name must be there as written.
-            if (
-                isinstance(target, str)
-                and "nvidia-container-devices" in target
-                and _within(normalised(target), _DEVICE_REQUEST_DIRS)
-            ):
+            if gpu and as_mapping(container.get("securityContext")).get("privileged") is True:
                 yield Finding(
-                    "host-device-access",
-                    f"{label}: a mount at {target} asks the NVIDIA runtime for devices; "
-                    "request GPUs in limits",
+                    "privileged-gpu",
+                    f"{_label(kind, container)}: privileged in a GPU pod sees every GPU; "
+                    "remove securityContext.privileged",
                 )
-            name = mount.get("name")
-            # A list or map as a name is unhashable; only a string can name our volume.
-            if isinstance(name, str) and name in read_only and mount.get("readOnly") is not True:
-                yield Finding(
-                    "host-device-access",
-                    f'{label}: volume "{name}" is shared with every GPU pod on the node; '
-                    "mount it readOnly",
-                )
+            env = container.get("env")
+            if isinstance(env, list):
+                yield from _env_findings(kind, container, env, gpu=gpu, policy=policy)
+            mounts = container.get("volumeMounts")
+            if isinstance(mounts, list):
+                yield from _mount_findings(kind, container, mounts, read_only)
 
 
-def host_device_access(subject: Subject, policy: Policy) -> Iterator[Finding]:
-    yield from _host_path_findings(subject, policy)
-    yield from _mount_findings(subject)
+def _cdi_findings(subject: Subject) -> Iterator[Finding]:
     annotations = as_mapping(as_mapping(subject.view.metadata).get("annotations"))
     for key, value in annotations.items():
         if isinstance(key, str) and key.startswith("cdi.k8s.io/") and "nvidia.com/" in str(value):
@@ -308,23 +331,9 @@ def _loosening(name: str, value: str | None, policy: Policy) -> str | None:
     return None
 
 
-def limit_tampering(subject: Subject, policy: Policy) -> Iterator[Finding]:
-    if not subject.requests.gpu:
-        return
-    for label, container in iter_containers(subject.view.spec):
-        entries = container.get("env")
-        # Every entry counts, not only the last: runtimes differ on which duplicate wins.
-        for entry in entries if isinstance(entries, list) else ():
-            if not isinstance(entry, (dict, Mapping)):
-                continue
-            name = entry.get("name")
-            if not isinstance(name, str) or name not in _SWITCHES:
-                continue
-            value = env_value(entry)
-            why = _loosening(name, value, policy)
-            if why is not None:
-                shown = "from valueFrom" if value is None else f"={quoted(value)}"
-                yield Finding("limit-tampering", f"{label}: {name}{shown} {why}; remove it")
+def limit_tampering(subject: Subject) -> Iterator[Finding]:
+    """Limit variables above what the request entitles (the switches are judged in
+    :func:`_container_findings`)."""
     if subject.phase != "validate" or not subject.created:
         return
     # What the mutation would overwrite is a warning at /mutate; reaching validation
@@ -462,22 +471,40 @@ def forged_allocation(subject: Subject, policy: Policy) -> Iterator[Finding]:
         )
 
 
+# The order violations are reported in: by rule, then as found.
+_RULE_ORDER: Final = {
+    rule: rank
+    for rank, rule in enumerate(
+        (
+            "privileged-gpu",
+            "node-name-pinning",
+            "raw-visible-devices",
+            "host-device-access",
+            "limit-tampering",
+            "invalid-gpu-request",
+            "gpu-quota",
+            "scheduler-bypass",
+            "forged-allocation",
+        )
+    )
+}
+
+
 def evaluate(subject: Subject, policy: Policy) -> list[Finding]:
     """Every finding of every rule that applies to ``subject`` (actions are applied later)."""
-    findings: list[Finding] = []
+    findings = list(_host_path_findings(subject, policy))
+    findings.extend(_container_findings(subject, policy))
+    findings.extend(_cdi_findings(subject))
     # Rules about GPU requests find nothing in a pod without any (each checks that
     # itself too); skipping them keeps the common case cheap.
-    gpu = subject.requests.gpu
-    if gpu:
-        findings.extend(privileged_gpu(subject))
+    if subject.requests.gpu:
         findings.extend(node_name_pinning(subject))
-    findings.extend(raw_visible_devices(subject))
-    findings.extend(host_device_access(subject, policy))
-    if gpu:
-        findings.extend(limit_tampering(subject, policy))
-    if subject.created and gpu:
-        findings.extend(invalid_gpu_request(subject))
-        findings.extend(gpu_quota(subject, policy))
-        findings.extend(scheduler_bypass(subject, policy))
+        findings.extend(limit_tampering(subject))
+        if subject.created:
+            findings.extend(invalid_gpu_request(subject))
+            findings.extend(gpu_quota(subject, policy))
+            findings.extend(scheduler_bypass(subject, policy))
     findings.extend(forged_allocation(subject, policy))
+    if len(findings) > 1:
+        findings.sort(key=lambda finding: _RULE_ORDER[finding.rule])
     return findings
