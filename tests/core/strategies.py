@@ -31,6 +31,7 @@ TEMPLATE_PATHS: Final[Mapping[str, tuple[str, ...]]] = {
     "StatefulSet": ("spec", "template"),
     "DaemonSet": ("spec", "template"),
     "ReplicaSet": ("spec", "template"),
+    "ReplicationController": ("spec", "template"),
     "Job": ("spec", "template"),
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
 }
@@ -183,7 +184,19 @@ _ENV_VALUES: Final[Mapping[str, Sequence[str]]] = {
         ":",
     ),
     "CUDA_DISABLE_CONTROL": ("true", "false", "1", "0", "TRUE", "yes", "t", "", "$(OFF)"),
-    "GPU_CORE_UTILIZATION_POLICY": ("default", "force", "disable", "DISABLE", " disable", "$(P)"),
+    "GPU_CORE_UTILIZATION_POLICY": (
+        "default",
+        "force",
+        "disable",
+        "DISABLE",
+        "Disable",
+        " disable",
+        "$(P)",
+    ),
+    # HAMi-core resolves every cu* symbol in this library instead of hooking it.
+    "CUDA_REDIRECT": ("", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "libcuda.so.1", " ", "$(LIB)"),
+    # HAMi-core reads exactly "false" and "0" as off.
+    "ACTIVE_OOM_KILLER": ("true", "1", "false", "0", "FALSE", "$(OOM)"),
     "CUDA_DEVICE_MEMORY_LIMIT": ("3000m", "1g", "99999m", "0", "abc"),
     "CUDA_DEVICE_MEMORY_LIMIT_0": ("3000m", "1g", "99999m", "0", "abc", "8000m"),
     "CUDA_DEVICE_MEMORY_LIMIT_1": ("3000m", "80g"),
@@ -201,6 +214,8 @@ _ENV_VALUES: Final[Mapping[str, Sequence[str]]] = {
     "GPUS": ("all", "none"),
     "OFF": ("true",),
     "P": ("disable",),
+    "LIB": ("/usr/lib/x86_64-linux-gnu/libcuda.so.1",),
+    "OOM": ("false",),
 }
 ENV_NAMES: Final = tuple(_ENV_VALUES)
 # Names drawn more often: the ones the webhook reads, writes or forbids.
@@ -208,6 +223,7 @@ _WEIGHTED_NAMES: Final = (
     *ENV_NAMES,
     *["LD_PRELOAD"] * 4,
     *["NVIDIA_VISIBLE_DEVICES", "CUDA_DISABLE_CONTROL", "GPU_CORE_UTILIZATION_POLICY"] * 2,
+    *["CUDA_REDIRECT", "ACTIVE_OOM_KILLER"] * 2,
     *["CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] * 2,
 )
 VALUE_FROM: Final = (
@@ -222,6 +238,8 @@ _BENIGN: Final[Mapping[str, Sequence[str]]] = {
     "NVIDIA_VISIBLE_DEVICES": ("none", "void", ""),
     "CUDA_DISABLE_CONTROL": ("false", "0"),
     "GPU_CORE_UTILIZATION_POLICY": ("default", "force"),
+    "CUDA_REDIRECT": ("",),
+    "ACTIVE_OOM_KILLER": ("true",),
 }
 
 
@@ -261,8 +279,34 @@ PROTECTED_HOST_PATHS: Final = (
     "/dev/./nvidia0",
     "dev/nvidia0",
     "",
+    # The kubelet's state, /proc and the container runtimes: the accounting from the side.
+    "/var/lib/kubelet",
+    "/var/lib/kubelet/device-plugins",
+    "//var/lib/kubelet/pod-resources/",
+    "var/lib/kubelet/pods",
+    "/var/lib",
+    "/proc",
+    "/proc/self",
+    "/proc/./sys",
+    "/run/containerd/containerd.sock",
+    "/var/run/containerd",
+    "/var/lib/containerd",
+    "/run/crio/crio.sock",
+    "/var/run/docker.sock",
+    "/run/./docker.sock",
+    "/var/lib/docker",
+    "/run/cri-dockerd.sock",
+    "/run/k3s/containerd/containerd.sock",
 )
-HARMLESS_HOST_PATHS: Final = ("/data", "/var/log", "/opt/models", "/home/user", "/etc/localtime")
+HARMLESS_HOST_PATHS: Final = (
+    "/data",
+    "/var/log",
+    "/opt/models",
+    "/home/user",
+    "/etc/localtime",
+    "/var/lib/kubelet-backup",
+    "/procfs",
+)
 INJECTED_VOLUMES: Final[tuple[Obj, ...]] = (
     {
         "name": "gpushare-vgpu-lib",
@@ -294,6 +338,7 @@ MOUNT_PATHS: Final = (
     "/usr/local/vgpu/cache",
     "/etc/ld.so.preload",
     "/tmp/nvidia-mps",
+    "/var/run/nvidia-container-devices/all",
 )
 
 
@@ -326,8 +371,9 @@ def mounts(draw: st.DrawFn, volume_names: Sequence[str]) -> list[Obj]:
         mount: Obj = {"name": draw(st.sampled_from(names)), "mountPath": path}
         if draw(st.booleans()):
             mount["readOnly"] = draw(st.booleans())
-        if draw(sometimes(st.just(True), False, odds=6)):
-            mount["subPath"] = "sub"
+        sub = draw(sometimes(st.sampled_from(["subPath", "subPathExpr"]), None, odds=6))
+        if sub is not None:
+            mount[sub] = "sub" if sub == "subPath" else "$(POD_NAME)"
         result.append(mount)
     return result
 
@@ -379,7 +425,16 @@ ANNOTATIONS: Final[Mapping[str, Sequence[Any]]] = {
     "hami.io/vgpu-devices-allocated": ("GPU-0,NVIDIA,3000,30:;",),
     "hami.io/vgpu-devices-to-allocate": ("GPU-0,NVIDIA,3000,30:;",),
     "hami.io/bind-phase": ("success",),
-    "cdi.k8s.io/x": ("nvidia.com/gpu=all", "example.com/dev=1"),
+    "hami.io/bind-time": ("1732312345",),
+    "hami.io/vgpu-node": ("gpu-node-1",),
+    "hami.io/vgpu-time": ("1732312345",),
+    "hami.io/mig-devices-allocated": ("GPU-0,NVIDIA,3000,30:;",),
+    "cdi.k8s.io/x": (
+        "nvidia.com/gpu=all",
+        "example.com/dev=1",
+        "k8s.device-plugin.nvidia.com/gpu=GPU-0",
+        "management.nvidia.com/gpu=all",
+    ),
     "prometheus.io/scrape": ("true",),
     "team": ("ml",),
 }
@@ -492,10 +547,14 @@ def wrap(pod: Mapping[str, Any], kind: str) -> Obj:
         template["metadata"] = {k: v for k, v in copy.deepcopy(metadata).items() if k != "name"}
     elif "metadata" in pod:
         template["metadata"] = copy.deepcopy(metadata)
-    api = "batch/v1" if kind in ("Job", "CronJob") else "apps/v1"
+    api = {"Job": "batch/v1", "CronJob": "batch/v1", "ReplicationController": "v1"}.get(
+        kind, "apps/v1"
+    )
     obj: Obj = {"apiVersion": api, "kind": kind, "metadata": {"name": "w", "namespace": "ml"}}
     if kind == "CronJob":
         obj["spec"] = {"schedule": "*/5 * * * *", "jobTemplate": {"spec": {"template": template}}}
+    elif kind == "ReplicationController":
+        obj["spec"] = {"replicas": 2, "selector": {"app": "a"}, "template": template}
     elif kind == "Job":
         obj["spec"] = {"backoffLimit": 2, "template": template}
     else:
@@ -613,27 +672,99 @@ _SEGMENTS: Final = (
     "proc",
     "1",
     "root",
+    "self",
+    "lib",
+    "kubelet",
+    "device-plugins",
+    "pod-resources",
+    "containerd",
+    "containerd.sock",
+    "docker.sock",
+    "docker",
+    "crio",
+    "k3s",
 )
 
 
 @st.composite
+def spelled(draw: st.DrawFn, path: str) -> str:
+    """``path`` (absolute) spelled another way that normalises back to it: doubled
+    slashes, ``.`` and ``x/..`` segments, a trailing slash, no leading slash."""
+    out: list[str] = []
+    for part in [p for p in path.split("/") if p]:
+        noise = draw(st.sampled_from(["", "", "", "", ".", "..", "/"]))
+        if noise == ".":
+            out.append(".")
+        elif noise == "..":
+            out += [draw(st.sampled_from(["tmp", "x", part])), ".."]
+        elif noise == "/":
+            out.append("")
+        out.append(part)
+    lead = draw(st.sampled_from(["/", "/", "/", "//", ""]))
+    tail = draw(st.sampled_from(["", "", "/", "/."]))
+    return lead + "/".join(out) + tail
+
+
+# Host paths every pod is refused (DESIGN, "Rules cover what a pod can reach"), and
+# directories below which a mount destination is a device request to the NVIDIA runtime.
+SIDE_HOST_PATHS: Final = (
+    "/var/lib/kubelet",
+    "/var/lib/kubelet/device-plugins/kubelet.sock",
+    "/var/lib/kubelet/pod-resources",
+    "/var/lib/kubelet/pods",
+    "/var/lib",
+    "/proc",
+    "/proc/1/root",
+    "/proc/sys",
+    "/run/containerd",
+    "/run/containerd/containerd.sock",
+    "/var/run/containerd/containerd.sock",
+    "/run/crio/crio.sock",
+    "/var/run/crio",
+    "/run/docker.sock",
+    "/var/run/docker.sock",
+    "/run/cri-dockerd.sock",
+    "/var/run/cri-dockerd.sock",
+    "/run/k3s/containerd/containerd.sock",
+    "/var/lib/containerd",
+    "/var/lib/docker",
+)
+DEVICE_REQUEST_DIRS: Final = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
+
+
+@st.composite
 def host_paths(draw: st.DrawFn) -> str:
-    """Host paths as a grammar of segments: absolute or not, with any dots and slashes."""
+    """Host paths as a grammar of segments (absolute or not, with any dots and slashes),
+    or a protected path spelled another way."""
+    if draw(st.integers(0, 2)) == 0:
+        return draw(spelled(draw(st.sampled_from(SIDE_HOST_PATHS))))
     segments = draw(st.lists(st.sampled_from(_SEGMENTS), max_size=5))
     lead = draw(st.sampled_from(["/", "/", "/", "//", ""]))
     tail = draw(st.sampled_from(["", "", "/"]))
     return lead + "/".join(segments) + tail
 
 
+@st.composite
+def device_request_paths(draw: st.DrawFn) -> str:
+    """A mount destination the NVIDIA runtime reads as a device request, spelled any way."""
+    leaf = draw(st.sampled_from(["", "/all", "/0", "/GPU-0", "/all/x"]))
+    return draw(spelled(draw(st.sampled_from(DEVICE_REQUEST_DIRS)) + leaf))
+
+
 # Env names an attacker combines: the switches, and variables to reference from them.
 _ATTACK_ENV: Final = (
     *["CUDA_DISABLE_CONTROL"] * 3,
     *["GPU_CORE_UTILIZATION_POLICY"] * 2,
+    *["CUDA_REDIRECT"] * 2,
+    *["ACTIVE_OOM_KILLER"] * 2,
     "NVIDIA_VISIBLE_DEVICES",
     "GPUS",
     "OFF",
     "P",
+    "LIB",
+    "OOM",
 )
+_REFERENCED: Final = ("GPUS", "OFF", "P", "LIB", "OOM")
 
 
 @st.composite
@@ -645,7 +776,7 @@ def attack_env(draw: st.DrawFn) -> list[Obj]:
         if draw(st.integers(0, 7)) == 0:
             entries.append({"name": name, "valueFrom": draw(st.sampled_from(VALUE_FROM))})
             continue
-        values = [*_ENV_VALUES[name], *(f"$({n})" for n in ("GPUS", "OFF", "P")), "$$(OFF)"]
+        values = [*_ENV_VALUES[name], *(f"$({n})" for n in _REFERENCED), "$$(OFF)"]
         entries.append({"name": name, "value": draw(st.sampled_from(values))})
     return entries
 
@@ -658,6 +789,20 @@ _ATTACKS: Final = (
     "annotation",
     "scheduler",
     "ephemeral",
+    *["injected-mount"] * 2,
+    "device-request-mount",
+    "sidecar",
+)
+# The injected volumes (by name) and where a tenant mounts them: at the injected path,
+# beside it (a trailing slash), or anywhere else.
+_INJECTED_MOUNT_PATHS: Final = (
+    "/usr/local/vgpu/libvgpu.so",
+    "/usr/local/vgpu/libvgpu.so/",
+    "/etc/ld.so.preload",
+    "/tmp/nvidia-mps",
+    "/tmp/vgpulock",
+    "/hook",
+    "/opt/lib/libvgpu.so",
 )
 
 
@@ -712,16 +857,209 @@ def attacked_pods(draw: st.DrawFn, attacks: Sequence[str] = _ATTACKS) -> Obj:
             annotations[key] = draw(st.sampled_from(ANNOTATIONS[key]))
         elif attack == "scheduler":
             spec["schedulerName"] = draw(st.sampled_from(SCHEDULERS))
-        else:
-            container: Obj = {"name": "debugger", "image": "busybox:1.36"}
+        elif attack == "injected-mount":
+            _add_mount(target, draw(injected_mounts()))
+        elif attack == "device-request-mount":
+            _ensure_volume(spec, {"name": "req", "emptyDir": {}})
+            request: Obj = {"name": "req", "mountPath": draw(device_request_paths())}
             if draw(st.booleans()):
-                container["securityContext"] = {"privileged": True}
-            else:
-                container["env"] = draw(attack_env())
-            names = {c.get("name") for c in _all_containers(spec)}
-            if "debugger" not in names:
-                spec.setdefault("ephemeralContainers", []).append(container)
+                request["readOnly"] = True
+            _add_mount(target, request)
+        elif attack == "sidecar":
+            _add_container(spec, "initContainers", draw(sidecars()))
+        else:
+            _add_container(spec, "ephemeralContainers", draw(debuggers()))
     return pod
+
+
+def _add_mount(container: Obj, mount: Obj) -> None:
+    mounts = container.setdefault("volumeMounts", [])
+    if isinstance(mounts, list):
+        mounts.append(mount)
+
+
+def _ensure_volume(spec: Obj, volume: Obj) -> None:
+    volumes = spec.setdefault("volumes", [])
+    if isinstance(volumes, list) and all(v.get("name") != volume["name"] for v in volumes):
+        volumes.append(volume)
+
+
+def _add_container(spec: Obj, kind: str, container: Obj) -> None:
+    """Add ``container`` unless its name is taken (the apiserver keeps names unique)."""
+    if container["name"] not in {c.get("name") for c in _all_containers(spec)}:
+        spec.setdefault(kind, []).append(container)
+
+
+@st.composite
+def injected_mounts(draw: st.DrawFn) -> Obj:
+    """A mount of a volume the mutation injects: often writable, sometimes a subPath."""
+    mount: Obj = {
+        "name": draw(st.sampled_from(INJECTED_NAMES)),
+        "mountPath": draw(st.sampled_from(_INJECTED_MOUNT_PATHS)),
+    }
+    read_only = draw(st.sampled_from([None, None, False, True]))
+    if read_only is not None:
+        mount["readOnly"] = read_only
+    sub = draw(sometimes(st.sampled_from(["subPath", "subPathExpr"]), None, odds=3))
+    if sub is not None:
+        mount[sub] = "x" if sub == "subPath" else "$(POD_NAME)"
+    return mount
+
+
+@st.composite
+def sidecars(draw: st.DrawFn) -> Obj:
+    """A sidecar init container (restartPolicy Always): a GPU slice, a switch, or a mount."""
+    container: Obj = {"name": "proxy", "image": "envoyproxy/envoy:v1.31", "restartPolicy": "Always"}
+    if draw(st.booleans()):
+        profile = draw(st.sampled_from(["hami", "hami-percentage"]))
+        container["resources"] = draw(resource_blocks(gpu=PROFILES[profile], hostile=False))
+    what = draw(st.sampled_from(["nothing", "env", "mount"]))
+    if what == "env":
+        container["env"] = draw(attack_env())
+    elif what == "mount":
+        container["volumeMounts"] = [draw(injected_mounts())]
+    return container
+
+
+@st.composite
+def debuggers(draw: st.DrawFn) -> Obj:
+    """An ephemeral container as `kubectl debug` adds it (no resources: the apiserver
+    refuses them): privileged, with a switch in its env, or mounting what it must not."""
+    container: Obj = {"name": "debugger", "image": "busybox:1.36"}
+    what = draw(st.sampled_from(["privileged", "env", "injected-mount", "device-request", "plain"]))
+    if what == "privileged":
+        container["securityContext"] = {"privileged": True}
+    elif what == "env":
+        container["env"] = draw(attack_env())
+    elif what == "injected-mount":
+        container["volumeMounts"] = [draw(injected_mounts())]
+    elif what == "device-request":
+        # The pod's own volumes: the cache emptyDir the mutation adds, or the tenant's.
+        volume = draw(st.sampled_from(["gpushare-vgpu-cache", *_VOLUME_NAMES]))
+        container["volumeMounts"] = [{"name": volume, "mountPath": draw(device_request_paths())}]
+    return container
+
+
+# -- updates ---------------------------------------------------------------------------
+
+# Who sends an update: the tenant, the identities HAMi's scheduler and device plugin run
+# as (the default policy's reserved-annotation writers), and identities that look alike.
+IDENTITIES: Final[Mapping[str, tuple[str, tuple[str, ...]]]] = {
+    "tenant": ("alice", ("system:authenticated",)),
+    "scheduler": (
+        "system:serviceaccount:kube-system:hami-scheduler",
+        ("system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"),
+    ),
+    "device-plugin": (
+        "system:serviceaccount:kube-system:hami-device-plugin",
+        ("system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"),
+    ),
+    "own-namespace-scheduler": (
+        "system:serviceaccount:ml:hami-scheduler",
+        ("system:serviceaccounts", "system:serviceaccounts:ml", "system:authenticated"),
+    ),
+    "user-named-scheduler": ("hami-scheduler", ("system:authenticated",)),
+    "kube-system-default": (
+        "system:serviceaccount:kube-system:default",
+        ("system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"),
+    ),
+}
+# Annotations an update adds, changes or removes: the scheduler's, CDI, the mode, others.
+_UPDATE_ANNOTATIONS: Final[Mapping[str, Sequence[str]]] = {
+    "hami.io/vgpu-devices-to-allocate": ("GPU-0,NVIDIA,3000,30:;", "GPU-0,NVIDIA,81920,100:;"),
+    "hami.io/vgpu-devices-allocated": ("GPU-0,NVIDIA,3000,30:;", "GPU-0,NVIDIA,81920,100:;"),
+    "hami.io/vgpu-node": ("gpu-node-1", "gpu-node-2"),
+    "hami.io/bind-phase": ("allocating", "success", "failed"),
+    "hami.io/bind-time": ("1732312345",),
+    "hami.io/vgpu-time": ("1732312345",),
+    "hami.io/mig-devices-allocated": ("GPU-0,NVIDIA,3000,30:;",),
+    "cdi.k8s.io/devices": ("nvidia.com/gpu=all", "example.com/fpga=0"),
+    "team": ("ml", "infra"),
+}
+
+
+@st.composite
+def pod_updates(draw: st.DrawFn) -> list[tuple[str, Any, Any]]:
+    """Edits one UPDATE of a pod makes (what a pod's spec allows to change after create):
+    ("annotate", key, value or None to remove), ("label", key, value), ("debug", container)."""
+    edits: list[tuple[str, Any, Any]] = []
+    for _ in range(draw(st.integers(1, 3))):
+        what = draw(st.sampled_from(["annotate", "annotate", "annotate", "label", "debug"]))
+        if what == "annotate":
+            key = draw(st.sampled_from(sorted(_UPDATE_ANNOTATIONS)))
+            value = draw(st.one_of(st.none(), st.sampled_from(_UPDATE_ANNOTATIONS[key])))
+            edits.append(("annotate", key, value))
+        elif what == "label":
+            edits.append(("label", "team", draw(st.sampled_from(["ml", "infra"]))))
+        else:
+            edits.append(("debug", draw(debuggers()), None))
+    return edits
+
+
+def apply_update(old: Mapping[str, Any], edits: Sequence[tuple[str, Any, Any]]) -> Obj:
+    """A copy of the pod ``old`` with ``edits`` (from :func:`pod_updates`) applied."""
+    new: Obj = copy.deepcopy(dict(old))
+    metadata = new.setdefault("metadata", {})
+    for what, first, second in edits:
+        if what == "annotate":
+            annotations = metadata.setdefault("annotations", {})
+            if second is None:
+                annotations.pop(first, None)
+            else:
+                annotations[first] = second
+        elif what == "label":
+            metadata.setdefault("labels", {})[first] = second
+        else:
+            spec = new.setdefault("spec", {})
+            name = f"debugger-{len(spec.get('ephemeralContainers') or [])}"
+            _add_container(spec, "ephemeralContainers", {**copy.deepcopy(first), "name": name})
+    return new
+
+
+# -- quota -----------------------------------------------------------------------------
+
+
+@st.composite
+def quota_pods(draw: st.DrawFn) -> Obj:
+    """A vGPU pod with valid slices in main, plain init and sidecar init containers, in
+    any order: the arithmetic of what runs together is all there is to get wrong."""
+
+    def ask() -> Obj | None:
+        shape = draw(st.sampled_from(["none", "count", "slice", "memory", "percentage", "volcano"]))
+        gpus = str(draw(st.integers(1, 3)))
+        mib = str(draw(st.sampled_from([1000, 2000, 3000, 4500])))
+        limits = {
+            "none": None,
+            "count": {"nvidia.com/gpu": gpus},
+            "slice": {"nvidia.com/gpu": gpus, "nvidia.com/gpumem": mib},
+            "memory": {"nvidia.com/gpumem": mib},
+            "percentage": {"nvidia.com/gpumem-percentage": "25"},
+            "volcano": {"volcano.sh/vgpu-number": gpus},
+        }[shape]
+        return {"limits": limits} if limits is not None else None
+
+    def container(name: str, *, sidecar: bool = False) -> Obj:
+        result: Obj = {"name": name, "image": "cuda:12"}
+        resources = ask()
+        if resources is not None:
+            result["resources"] = resources
+        if sidecar:
+            result["restartPolicy"] = "Always"
+        return result
+
+    main = [container(f"main-{i}") for i in range(draw(st.integers(1, 3)))]
+    init = [
+        container(f"init-{i}", sidecar=draw(st.booleans())) for i in range(draw(st.integers(0, 3)))
+    ]
+    spec: Obj = {"containers": main}
+    if init:
+        spec["initContainers"] = init
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "q", "namespace": "ml"},
+        "spec": spec,
+    }
 
 
 @st.composite

@@ -4,20 +4,40 @@
 (the kubelet, the NVIDIA container runtime, HAMi's device plugin), without importing the
 rules it checks. The engine may refuse more than the oracle; a pod the oracle blocks and
 the engine admits is a bypass.
+
+The same holds for a pod UPDATE (``should_block_update``: what the update adds, and
+reserved annotations touched by anyone but their writers), for the mounts of the pod the
+kubelet will run (after the mutation added its volumes), and for the quota, where
+the oracle computes Kubernetes' effective requests and must agree with the engine both ways.
 """
 
 from __future__ import annotations
 
+import fnmatch
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Final
 
 import pytest
 from hypothesis import given
+from hypothesis import strategies as st
 
-from tests.core.strategies import PROPERTY_SETTINGS, Obj, attacked_objects, objects, template_of
+from tests.core.strategies import (
+    IDENTITIES,
+    PROPERTY_SETTINGS,
+    Obj,
+    apply_update,
+    attacked_objects,
+    attacked_pods,
+    objects,
+    pod_updates,
+    quota_pods,
+    template_of,
+)
+from webhook.core.admission import answer
 from webhook.core.review import review_object
-from webhook.policies import DEFAULT_POLICY
+from webhook.dev.testing import admission_review
+from webhook.policies import DEFAULT_POLICY, parse_policy
 
 # DESIGN's resource table, plus nvidia.com/mig-<profile>.
 GPU_RESOURCE_NAMES: Final = frozenset(
@@ -32,12 +52,15 @@ GPU_RESOURCE_NAMES: Final = frozenset(
         "volcano.sh/vgpu-number",
         "volcano.sh/vgpu-memory",
         "volcano.sh/vgpu-cores",
+        "volcano.sh/vgpu-memory-percentage",
     }
 )
 # Go's strconv.ParseBool, which HAMi's device plugin applies to CUDA_DISABLE_CONTROL.
 PARSE_BOOL_TRUE: Final = frozenset({"1", "t", "T", "TRUE", "true", "True"})
 # HAMi-core compares GPU_CORE_UTILIZATION_POLICY with exactly these two spellings.
 CORE_POLICY_DISABLE: Final = frozenset({"disable", "DISABLE"})
+# ... and ACTIVE_OOM_KILLER with these two for "off".
+OOM_KILLER_OFF: Final = frozenset({"false", "0"})
 # The NVIDIA runtime selects no device for these; other spellings are device lists (or
 # errors: "NONE" names no device, so it exposes none either).
 NO_DEVICES: Final = frozenset({"", "none", "void"})
@@ -46,6 +69,35 @@ NO_DEVICES: Final = frozenset({"", "none", "void"})
 DEVICE_DIRS: Final = ("/dev/nvidia", "/run/nvidia", "/var/run/nvidia", "/dev/char/")
 # Directories the mutation itself mounts from the host (libvgpu, its lock, the MPS pipe).
 SHARING_DIRS: Final = ("/usr/local/vgpu", "/tmp/vgpulock", "/tmp/nvidia-mps")
+# What reaches the accounting from the side (DESIGN, "Rules cover what a pod can reach"):
+# the kubelet's state, /proc, and the container runtimes' sockets and state.
+SIDE_DIRS: Final = (
+    "/var/lib/kubelet",
+    "/proc",
+    "/run/containerd",
+    "/var/run/containerd",
+    "/run/crio",
+    "/var/run/crio",
+    "/run/docker.sock",
+    "/var/run/docker.sock",
+    "/run/cri-dockerd.sock",
+    "/var/run/cri-dockerd.sock",
+    "/run/k3s",
+    "/var/lib/containerd",
+    "/var/lib/docker",
+)
+# The NVIDIA container toolkit reads device requests from mount destinations below these
+# (accept-nvidia-visible-devices-as-volume-mounts), whatever volume is mounted there.
+DEVICE_REQUEST_DIRS: Final = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
+# Injected host volumes shared by every GPU pod of a node (libvgpu.so, the preload file,
+# the MPS pipe directory), by name and by host path: any mount of them must be read-only.
+# (The lock directory /tmp/vgpulock is the one injected volume mounted writable.)
+READ_ONLY_VOLUMES: Final = frozenset(
+    {"gpushare-vgpu-lib", "gpushare-vgpu-preload", "gpushare-mps-pipe"}
+)
+READ_ONLY_HOST_PATHS: Final = frozenset(
+    {"/usr/local/vgpu/libvgpu.so", "/usr/local/vgpu/ld.so.preload", "/tmp/nvidia-mps"}
+)
 INJECTED_VOLUME_NAMES: Final = frozenset(
     {
         "gpushare-vgpu-lib",
@@ -60,7 +112,18 @@ SCHEDULER_OWNED_ANNOTATIONS: Final = frozenset(
         "hami.io/vgpu-devices-to-allocate",
         "hami.io/vgpu-devices-allocated",
         "hami.io/vgpu-node",
+        "hami.io/vgpu-time",
         "hami.io/bind-phase",
+        "hami.io/bind-time",
+    }
+)
+# Every device type's allocation keys (HAMi writes hami.io/<type>-devices-...).
+SCHEDULER_OWNED_GLOBS: Final = ("hami.io/*-devices-to-allocate", "hami.io/*-devices-allocated")
+# Who writes them: HAMi's scheduler and device plugin (policy reservedAnnotationWriters).
+ALLOCATION_WRITERS: Final = frozenset(
+    {
+        "system:serviceaccount:kube-system:hami-scheduler",
+        "system:serviceaccount:kube-system:hami-device-plugin",
     }
 )
 _REFERENCE: Final = re.compile(r"\$\$|\$\(([^)]*)\)")
@@ -154,16 +217,47 @@ def _host_path_exposes(path: str, volume_name: Any) -> bool:
     path = _normalise(path)
     if path.startswith(DEVICE_DIRS):
         return True
-    # /proc/<pid>/root is the host's root filesystem under another name.
-    parts = path.split("/")
-    if len(parts) >= 4 and parts[1] == "proc" and parts[3] in ("root", "cwd"):
+    # /proc as a whole (/proc/<pid>/root is the host's root filesystem under another
+    # name), the kubelet's state and the runtimes' sockets, and what lies below them.
+    if any(_under(path, d) for d in SIDE_DIRS):
         return True
-    # A parent directory of the device nodes exposes them too.
-    if any(_under(d, path) for d in ("/dev/nvidia0", "/run/nvidia", "/var/run/nvidia")):
+    # A parent directory of the device nodes or of the side directories exposes them too.
+    parents = ("/dev/nvidia0", "/run/nvidia", "/var/run/nvidia", *SIDE_DIRS)
+    if any(_under(d, path) for d in parents):
         return True
     if volume_name in INJECTED_VOLUME_NAMES:
         return False  # the mutation's own volumes: it replaces them with its exact shape
     return any(_under(path, d) or _under(d, path) for d in SHARING_DIRS)
+
+
+def reserved(key: Any) -> bool:
+    """``key`` is an annotation only HAMi's scheduler and device plugin write."""
+    if not isinstance(key, str):
+        return False
+    return key in SCHEDULER_OWNED_ANNOTATIONS or any(
+        fnmatch.fnmatchcase(key, g) for g in SCHEDULER_OWNED_GLOBS
+    )
+
+
+def _mounts(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    mounts = container.get("volumeMounts")
+    if not isinstance(mounts, list):
+        return []
+    return [m for m in mounts if isinstance(m, Mapping)]
+
+
+def _switched_off(container: Mapping[str, Any]) -> bool:
+    """HAMi-core's own switches loosened in ``container``'s env (value, valueFrom, $(VAR))."""
+    env = kubelet_env(container)
+    # CUDA_REDIRECT: any entry that is not empty; HAMi-core dlopens it instead of hooking.
+    if any(
+        _literal(e) is UNKNOWN or _literal(e)
+        for e in _env(container)
+        if e["name"] == "CUDA_REDIRECT"
+    ):
+        return True
+    oom = env.get("ACTIVE_OOM_KILLER")
+    return oom is UNKNOWN or oom in OOM_KILLER_OFF
 
 
 def should_block(pod: Mapping[str, Any]) -> list[str]:
@@ -198,6 +292,15 @@ def should_block(pod: Mapping[str, Any]) -> list[str]:
             core_policy = env.get("GPU_CORE_UTILIZATION_POLICY")
             if core_policy is UNKNOWN or core_policy in CORE_POLICY_DISABLE:
                 reasons.append("limit-tampering")
+            if _switched_off(container):
+                reasons.append("limit-tampering")
+        for mount in _mounts(container):
+            target = mount.get("mountPath")
+            # Relative: the runtime resolves it from the container's root.
+            if isinstance(target, str) and any(
+                _under(_normalise(target), d) for d in DEVICE_REQUEST_DIRS
+            ):
+                reasons.append("host-device-access")
     node = spec.get("nodeName")
     if gpu_names and node:
         reasons.append("node-name-pinning")
@@ -210,7 +313,7 @@ def should_block(pod: Mapping[str, Any]) -> list[str]:
     for key, value in annotations.items():
         if str(key).startswith("cdi.k8s.io/") and "nvidia.com/" in str(value):
             reasons.append("host-device-access")
-        if key in SCHEDULER_OWNED_ANNOTATIONS:
+        if reserved(key):
             reasons.append("forged-allocation")
     scheduler = spec.get("schedulerName")
     if sharing and scheduler not in (None, "", "default-scheduler", "hami-scheduler"):
@@ -218,13 +321,43 @@ def should_block(pod: Mapping[str, Any]) -> list[str]:
     return reasons
 
 
+def writable_shared_mounts(pod: Mapping[str, Any]) -> list[str]:
+    """Why the pod the kubelet will run (after the mutation) must be refused for a
+    writable mount of a host volume every GPU pod of the node shares, or []."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return []
+    volumes = spec.get("volumes")
+    shared: set[str] = set()
+    for volume in volumes if isinstance(volumes, list) else []:
+        host = volume.get("hostPath") if isinstance(volume, Mapping) else None
+        path = host.get("path") if isinstance(host, Mapping) else None
+        name = volume.get("name") if isinstance(volume, Mapping) else None
+        # By host path: the same file or directory of the node, whatever the volume's name.
+        if (
+            isinstance(path, str)
+            and isinstance(name, str)
+            and _normalise(path) in READ_ONLY_HOST_PATHS
+        ):
+            shared.add(name)
+    return [
+        "host-device-access"
+        for container in _containers(spec)
+        for mount in _mounts(container)
+        if mount.get("name") in shared and mount.get("readOnly") is not True
+    ]
+
+
 def assert_no_bypass(kind: str, obj: Obj) -> None:
     pod = template_of(obj, kind)
     reasons = should_block(pod) if isinstance(pod, Mapping) else []
-    if not reasons:
-        return
     entry = review_object(obj, DEFAULT_POLICY)
-    assert not entry["allowed"], f"bypass: the oracle blocks for {reasons}, the engine admits"
+    if entry["allowed"]:
+        final = template_of(entry["object"], kind)
+        reasons += writable_shared_mounts(final) if isinstance(final, Mapping) else []
+    assert not (reasons and entry["allowed"]), (
+        f"bypass: the oracle blocks for {reasons}, the engine admits"
+    )
 
 
 @PROPERTY_SETTINGS
@@ -249,6 +382,127 @@ def test_no_bypass_through_volumes_and_debug_containers(kind_obj: tuple[str, Obj
 @given(objects(hostile=True))
 def test_no_bypass_in_hostile_pods(kind_obj: tuple[str, Obj]) -> None:
     assert_no_bypass(*kind_obj)
+
+
+@PROPERTY_SETTINGS
+@given(attacked_objects(["injected-mount", "device-request-mount", "sidecar"]))
+def test_no_bypass_through_mounts_and_sidecars(kind_obj: tuple[str, Obj]) -> None:
+    assert_no_bypass(*kind_obj)
+
+
+# -- updates ---------------------------------------------------------------------------
+
+
+def should_block_update(old: Mapping[str, Any], new: Mapping[str, Any], username: str) -> list[str]:
+    """Why an UPDATE of ``old`` into ``new`` by ``username`` must be refused, or [].
+
+    What the pod already had is not the update's doing; reserved annotations added,
+    changed or removed by anyone but their writers are forged.
+    """
+    before = set(should_block(old)) | set(writable_shared_mounts(old))
+    after = [*should_block(new), *writable_shared_mounts(new)]
+    reasons = [r for r in after if r not in before and r != "forged-allocation"]
+
+    def annotations(pod: Mapping[str, Any]) -> Mapping[str, Any]:
+        metadata = pod.get("metadata")
+        found = metadata.get("annotations") if isinstance(metadata, Mapping) else None
+        return found if isinstance(found, Mapping) else {}
+
+    old_annotations, new_annotations = annotations(old), annotations(new)
+    touched = [
+        key
+        for key in {*old_annotations, *new_annotations}
+        if reserved(key) and old_annotations.get(key) != new_annotations.get(key)
+    ]
+    if touched and username not in ALLOCATION_WRITERS:
+        reasons.append("forged-allocation")
+    return reasons
+
+
+def stored(pod: Obj) -> Obj:
+    """``pod`` as the apiserver holds it: mutated when admitted today, else as it was
+    created under an older, looser policy."""
+    entry = review_object(pod, DEFAULT_POLICY)
+    result: Obj = entry["object"] if entry["allowed"] else pod
+    return result
+
+
+@PROPERTY_SETTINGS
+@given(attacked_pods(), pod_updates(), st.sampled_from(sorted(IDENTITIES)))
+def test_no_bypass_through_pod_updates(
+    pod: Obj, edits: list[tuple[str, Any, Any]], identity: str
+) -> None:
+    old = stored(pod)
+    new = apply_update(old, edits)
+    username, groups = IDENTITIES[identity]
+    reasons = should_block_update(old, new, username)
+    wire = admission_review(new, operation="UPDATE", old=old, username=username, groups=groups)
+    decision = answer(wire["apiVersion"], wire["request"], DEFAULT_POLICY, endpoint="validate")
+    allowed = decision.decision.allowed
+    assert not (reasons and allowed), f"bypass: the oracle blocks for {reasons}, the engine admits"
+
+
+# -- quota -----------------------------------------------------------------------------
+
+QUOTA_POLICY: Final = parse_policy(
+    "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n"
+    "  rules: {gpu-quota: deny}\n"
+    "  limits:\n"
+    "    perContainer: {gpus: 2, memoryMiB: 8000}\n"
+    "    perPod: {gpus: 3, memoryMiB: 10000}\n"
+)
+COUNTS: Final = ("nvidia.com/gpu", "volcano.sh/vgpu-number")
+
+
+def _asks(container: Mapping[str, Any]) -> tuple[int, int]:
+    """(GPUs, MiB in all) a container asks for, as HAMi reads its limits."""
+    resources = container.get("resources")
+    limits = resources.get("limits") if isinstance(resources, Mapping) else None
+    if not isinstance(limits, Mapping) or not set(limits) & GPU_RESOURCE_NAMES:
+        return 0, 0
+    # A slice without a count is one GPU (HAMi adds nvidia.com/gpu: 1).
+    gpus = next((int(limits[c]) for c in COUNTS if c in limits), 1)
+    mib = int(limits.get("nvidia.com/gpumem", 0))
+    return gpus, mib * gpus
+
+
+def quota_reasons(
+    pod: Mapping[str, Any], per_container: tuple[int, int], per_pod: tuple[int, int]
+) -> list[str]:
+    """Over a maximum, with the pod's total as Kubernetes computes effective requests:
+    max(sum(main) + sum(sidecars), max over plain init containers i of
+    (init_i + sidecars declared before i)), each resource on its own."""
+    spec = pod["spec"]
+    reasons: list[str] = []
+    every: Sequence[Mapping[str, Any]] = [*spec.get("initContainers", []), *spec["containers"]]
+    for container in every:
+        gpus, mib = _asks(container)
+        if gpus > per_container[0] or mib > per_container[1]:
+            reasons.append(f"container {container['name']}: {gpus} GPUs, {mib} MiB")
+    totals = []
+    for axis in (0, 1):
+        running = sum(_asks(c)[axis] for c in spec["containers"])
+        sidecars = 0
+        peak = 0
+        for init in spec.get("initContainers", []):
+            need = _asks(init)[axis]
+            if init.get("restartPolicy") == "Always":
+                sidecars += need
+            else:
+                peak = max(peak, need + sidecars)
+        totals.append(max(running + sidecars, peak))
+    if totals[0] > per_pod[0] or totals[1] > per_pod[1]:
+        reasons.append(f"pod: {totals[0]} GPUs, {totals[1]} MiB")
+    return reasons
+
+
+@PROPERTY_SETTINGS
+@given(quota_pods())
+def test_quota_agrees_with_effective_requests(pod: Obj) -> None:
+    reasons = quota_reasons(pod, per_container=(2, 8000), per_pod=(3, 10000))
+    entry = review_object(pod, QUOTA_POLICY)
+    refused = {v["rule"] for v in entry["violations"] if v["action"] == "deny"}
+    assert ("gpu-quota" in refused) == bool(reasons), (reasons, entry["violations"])
 
 
 # -- the oracle itself -----------------------------------------------------------------
@@ -368,7 +622,80 @@ REGRESSIONS: Final[dict[str, Obj]] = {
         nodeName="gpu-node-3",
         annotations={"gpushare.io/mode": "mig"},
     ),
+    # The hardening's families (issue 9): one shape each, as the fuzzer would find it.
+    "kubelet-host-path": _pod(
+        {}, volumes=[{"name": "k", "hostPath": {"path": "var/lib//kubelet/"}}]
+    ),
+    "proc-host-path": _pod({}, volumes=[{"name": "p", "hostPath": {"path": "/proc/./sys"}}]),
+    "runtime-socket": _pod({}, volumes=[{"name": "s", "hostPath": {"path": "/run/./docker.sock"}}]),
+    "var-lib": _pod({}, volumes=[{"name": "s", "hostPath": {"path": "/var/lib/"}}]),
+    "device-request-mount": _pod(
+        {
+            "volumeMounts": [
+                {"name": "v", "mountPath": "/var/run/x/../nvidia-container-devices/all"}
+            ]
+        },
+        volumes=[{"name": "v", "emptyDir": {}}],
+    ),
+    "cuda-redirect-by-reference": _pod(
+        {
+            "env": [
+                {"name": "LIB", "value": "/usr/lib/x86_64-linux-gnu/libcuda.so.1"},
+                {"name": "CUDA_REDIRECT", "value": "$(LIB)"},
+            ]
+        }
+    ),
+    "oom-killer-off": _pod({"env": [{"name": "ACTIVE_OOM_KILLER", "value": "0"}]}),
+    "glob-reserved-annotation": _pod({}, annotations={"hami.io/mig-devices-allocated": "x"}),
 }
+
+
+def test_oracle_sees_writable_mounts_of_shared_volumes_only() -> None:
+    final = _pod(
+        {
+            "volumeMounts": [
+                {
+                    "name": "gpushare-vgpu-lib",
+                    "mountPath": "/usr/local/vgpu/libvgpu.so",
+                    "readOnly": True,
+                },
+                {"name": "gpushare-vgpu-lock", "mountPath": "/tmp/vgpulock"},
+                {"name": "mine", "mountPath": "/hook"},
+            ]
+        },
+        volumes=[
+            {"name": "gpushare-vgpu-lib", "hostPath": {"path": "/usr/local/vgpu/libvgpu.so"}},
+            {"name": "gpushare-vgpu-lock", "hostPath": {"path": "/tmp/vgpulock"}},
+            {"name": "mine", "hostPath": {"path": "/usr/local/vgpu/libvgpu.so"}},
+        ],
+    )
+    assert writable_shared_mounts(final) == ["host-device-access"]
+
+
+def test_oracle_judges_updates_by_what_they_add() -> None:
+    old = _pod({"securityContext": {"privileged": True}}, annotations={"hami.io/vgpu-node": "n1"})
+    relabelled = {**old, "metadata": {**old["metadata"], "labels": {"team": "ml"}}}
+    assert should_block_update(old, relabelled, "alice") == []
+    moved = {**old, "metadata": {**old["metadata"], "annotations": {"hami.io/vgpu-node": "n2"}}}
+    assert should_block_update(old, moved, "alice") == ["forged-allocation"]
+    assert should_block_update(old, moved, "system:serviceaccount:kube-system:hami-scheduler") == []
+
+
+def test_oracle_sums_sidecars_as_kubernetes_does() -> None:
+    def ask(name: str, gpus: int, sidecar: bool = False) -> Obj:
+        container: Obj = {"name": name, "resources": {"limits": {"nvidia.com/gpu": str(gpus)}}}
+        if sidecar:
+            container["restartPolicy"] = "Always"
+        return container
+
+    def total(init: list[Obj], main: list[Obj]) -> list[str]:
+        return quota_reasons(
+            {"spec": {"initContainers": init, "containers": main}}, (9, 99999), (2, 99999)
+        )
+
+    assert total([ask("s", 1, sidecar=True)], [ask("m", 2)]) != []
+    assert total([ask("s", 1, sidecar=True), ask("i", 2)], [ask("m", 1)]) != []
+    assert total([ask("i", 2), ask("s", 1, sidecar=True)], [ask("m", 1)]) == []
 
 
 @pytest.mark.parametrize("name", sorted(REGRESSIONS))

@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import Any, Final
 
 from webhook.core.env import env_value
 from webhook.core.finding import quoted
@@ -31,6 +31,9 @@ from webhook.core.policy import Mode, Policy
 from webhook.core.resources import ContainerRequest, PodRequests, describe
 from webhook.core.wire import PatchOp
 from webhook.core.workload import PodView, as_mapping
+
+# HAMi-core's task priority when CUDA_TASK_PRIORITY is unset.
+_DEFAULT_PRIORITY: Final = 1
 
 
 class _Enough(Exception):
@@ -104,7 +107,7 @@ def wanted_env(request: ContainerRequest, mode: Mode, policy: Policy) -> list[Wa
             )
         )
         wants.append(Want("CUDA_REDIRECT", ""))
-        wants.append(Want("ACTIVE_OOM_KILLER", "true"))
+        wants.append(Want("ACTIVE_OOM_KILLER", "true", keep=("true", "1")))
         wants.append(
             Want(
                 "CUDA_DEVICE_MEMORY_SHARED_CACHE",
@@ -112,8 +115,9 @@ def wanted_env(request: ContainerRequest, mode: Mode, policy: Policy) -> list[Wa
                 report=False,
             )
         )
-        if request.priority is not None:
-            wants.append(Want("CUDA_TASK_PRIORITY", str(request.priority)))
+        # HAMi-core schedules kernels by it (0 is high): without a request, its default.
+        priority = request.priority if request.priority is not None else _DEFAULT_PRIORITY
+        wants.append(Want("CUDA_TASK_PRIORITY", str(priority)))
     elif mode == "mps":
         if request.memory_mib is not None:
             wants.append(

@@ -57,6 +57,16 @@ _SIDE_ROOTS: Final = (
     "/run/k3s",
     "/var/lib/rancher",
 )
+# The GPU stack's configuration: CDI specs and the NVIDIA runtime's settings decide
+# which devices every pod on the node gets. Reading them is harmless; writing is not.
+_CONFIG_ROOTS: Final = (
+    "/etc/cdi",
+    "/run/cdi",
+    "/var/run/cdi",
+    "/etc/nvidia-container-runtime",
+    "/etc/nvidia-container-toolkit",
+    "/usr/local/nvidia",
+)
 # The NVIDIA container toolkit reads device requests from mounts below these.
 _DEVICE_REQUEST_DIRS: Final = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
 
@@ -124,12 +134,35 @@ def _protected(path: str, policy: Policy) -> bool:
     return False
 
 
+def _contains(path: str, roots: Iterable[str]) -> bool:
+    """``path`` is one of ``roots``, lies below one, or is a parent of one."""
+    return any(
+        path == root or path.startswith(root + "/") or root.startswith(path + "/") for root in roots
+    )
+
+
+def _written(spec: Mapping[str, Any]) -> set[str]:
+    """Names of the volumes some container mounts without readOnly."""
+    names: set[str] = set()
+    for kind in CONTAINER_KINDS:
+        containers = spec.get(kind)
+        for container in containers if isinstance(containers, list) else ():
+            mounts = as_mapping(container).get("volumeMounts")
+            for mount in mounts if isinstance(mounts, list) else ():
+                mount = as_mapping(mount)
+                name = mount.get("name")
+                if isinstance(name, str) and mount.get("readOnly") is not True:
+                    names.add(name)
+    return names
+
+
 def _host_path_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     volumes = subject.view.spec.get("volumes")
     if not isinstance(volumes, list):
         return
     # Allow-list mode binds pods that ask for a GPU; the deny list binds every pod.
     allowlist = policy.host_path_mode == "allowlist" and subject.requests.gpu
+    written: set[str] | None = None  # found at the first configuration path
     for volume in volumes:
         if not isinstance(volume, (dict, Mapping)):
             continue
@@ -146,6 +179,14 @@ def _host_path_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                 "host-device-access",
                 f'volume "{name}": hostPath {raw} exposes GPUs, their limits or the node\'s '
                 "accounting; request GPUs in limits",
+            )
+        elif _contains(path, _CONFIG_ROOTS) and name in (
+            written if written is not None else (written := _written(subject.view.spec))
+        ):
+            yield Finding(
+                "host-device-access",
+                f'volume "{name}": hostPath {raw} holds the GPU runtime\'s configuration; '
+                "mount it readOnly",
             )
         elif allowlist and not _within(path, policy.allowed_host_paths):
             yield Finding(
@@ -254,7 +295,8 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
 def _cdi_findings(subject: Subject) -> Iterator[Finding]:
     annotations = as_mapping(as_mapping(subject.view.metadata).get("annotations"))
     for key, value in annotations.items():
-        if isinstance(key, str) and key.startswith("cdi.k8s.io/") and "nvidia.com/" in str(value):
+        # Any *cdi.k8s.io/ prefix: the GPU Operator points the runtime at nvidia.cdi.k8s.io/.
+        if isinstance(key, str) and "cdi.k8s.io/" in key and "nvidia.com/" in str(value):
             yield Finding(
                 "host-device-access",
                 f"annotation {key} injects NVIDIA devices through CDI; request GPUs in limits",
@@ -360,6 +402,11 @@ def invalid_gpu_request(subject: Subject) -> Iterator[Finding]:
         yield from request.problems
 
 
+def _gpus(request: ContainerRequest) -> int:
+    """GPU devices a container gets: its (v)GPUs, or its MIG instances."""
+    return request.gpus if request.shares else sum(request.mig.values())
+
+
 def _pod_totals(requests: PodRequests) -> tuple[int, int]:
     """GPUs and MiB the pod holds at its peak, as Kubernetes sums effective requests.
 
@@ -370,9 +417,7 @@ def _pod_totals(requests: PodRequests) -> tuple[int, int]:
     sidecars = [0, 0]
     init_peak = [0, 0]
     for request in requests.containers:
-        if not request.shares:
-            continue
-        need = (request.gpus, (request.memory_mib or 0) * request.gpus)
+        need = (_gpus(request), (request.memory_mib or 0) * request.gpus)
         if request.kind == "containers":
             main = [main[0] + need[0], main[1] + need[1]]
         elif request.kind == "initContainers" and request.sidecar:
@@ -394,12 +439,11 @@ def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:
     per_container = policy.container_maxima
     per_pod = policy.pod_maxima
     for request in subject.requests.containers:
-        if not request.shares:
-            continue
+        gpus = _gpus(request)
         memory = (request.memory_mib or 0) * request.gpus
-        if per_container.gpus is not None and request.gpus > per_container.gpus:
+        if per_container.gpus is not None and gpus > per_container.gpus:
             yield Finding(
-                "gpu-quota", f"{request.label}: {request.gpus} GPUs, at most {per_container.gpus}"
+                "gpu-quota", f"{request.label}: {gpus} GPUs, at most {per_container.gpus}"
             )
         if per_container.memory_mib is not None and memory > per_container.memory_mib:
             yield Finding(
