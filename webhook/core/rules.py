@@ -11,7 +11,7 @@ from typing import Any, Final, Literal
 from webhook.core.env import effective_env, env_value, opaque
 from webhook.core.finding import Finding, quoted
 from webhook.core.injection import MPS_LIMIT_VARS, VGPU_LIMIT_PREFIXES, Injection
-from webhook.core.policy import Mode, Policy
+from webhook.core.policy import RULE_IDS, Mode, Policy
 from webhook.core.resources import (
     CONTAINER_KINDS,
     ContainerKind,
@@ -516,22 +516,7 @@ def forged_allocation(subject: Subject, policy: Policy) -> Iterator[Finding]:
 
 
 # The order violations are reported in: by rule, then as found.
-_RULE_ORDER: Final = {
-    rule: rank
-    for rank, rule in enumerate(
-        (
-            "privileged-gpu",
-            "node-name-pinning",
-            "raw-visible-devices",
-            "host-device-access",
-            "limit-tampering",
-            "invalid-gpu-request",
-            "gpu-quota",
-            "scheduler-bypass",
-            "forged-allocation",
-        )
-    )
-}
+_RULE_ORDER: Final = {rule: rank for rank, rule in enumerate(RULE_IDS)}
 
 
 def evaluate(subject: Subject, policy: Policy) -> list[Finding]:
