@@ -16,6 +16,8 @@ from webhook.install.manifests import (
     render,
     to_yaml,
 )
+from webhook.install.scope import match_conditions
+from webhook.policies import load_policy, parse_policy
 
 MANIFESTS_HELP: Final = "print the install manifests (what kubectl kustomize deploy/ renders)"
 MANIFESTS_DESCRIPTION: Final = """\
@@ -27,7 +29,14 @@ Certificates: with the self-managed overlay (the default) the webhook creates it
 CA and serving certificate at start and writes the caBundle into its own webhook
 configurations, so none is needed here. With --overlay cert-manager, cert-manager's
 cainjector fills it. --ca-bundle FILE writes a PEM CA into the configurations now,
-e.g. when you serve a certificate of your own."""
+e.g. when you serve a certificate of your own.
+
+Policy and scope: both webhooks carry matchConditions generated from the policy,
+so only objects the policy can act on reach the webhook (plain pods never do).
+--policy FILE installs that policy: its text goes into the gpushare-policy
+ConfigMap and both webhooks are scoped to it, so the two agree.
+--print-match-conditions prints only the conditions (of --policy FILE, or of the
+bundled default policy), e.g. to patch them into an overlay of your own."""
 
 
 def register(commands: Commands) -> None:
@@ -47,10 +56,37 @@ def register(commands: Commands) -> None:
     )
     parser.add_argument("--image", help="container image (default: this version's release image)")
     parser.add_argument("--ca-bundle", metavar="FILE", help="PEM CA to put into caBundle")
+    parser.add_argument(
+        "--policy",
+        metavar="FILE",
+        help="the policy to install (ConfigMap and matchConditions; default: the bundled one)",
+    )
+    parser.add_argument(
+        "--print-match-conditions",
+        action="store_true",
+        help="print only the matchConditions (YAML) of the policy and exit",
+    )
     parser.set_defaults(handler=command_manifests)
 
 
 def command_manifests(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
+    policy_text = None
+    if args.policy:
+        try:
+            policy_text = Path(args.policy).read_text("utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            sys.stderr.write(f"gpushare-webhook: {args.policy}: cannot read: {exc}\n")
+            return 2
+    # A bad policy is a PolicyError: main() reports it line by line (exit 2).
+    policy = (
+        parse_policy(policy_text, source=args.policy)
+        if policy_text is not None
+        else load_policy(None)
+    )
+    if args.print_match_conditions:
+        conditions = [dict(c) for c in match_conditions(policy)]
+        stdout.write(to_yaml([{"matchConditions": conditions}]))
+        return 0
     try:
         ca_bundle = None
         if args.ca_bundle:
@@ -63,6 +99,9 @@ def command_manifests(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -
             namespace=args.namespace,
             image=args.image,
             ca_bundle=ca_bundle,
+            # The ConfigMap gets the file as written, comments included.
+            policy=policy if policy_text is not None else None,
+            policy_text=policy_text,
         )
     except ManifestError as exc:
         sys.stderr.write(f"gpushare-webhook: {exc}\n")

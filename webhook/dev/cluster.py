@@ -350,16 +350,21 @@ class DevCluster:
         return self.webhook
 
     def register_webhooks(self) -> None:
-        """Create (or replace) both webhook configurations from the deploy/ templates."""
+        """Create (or replace) both webhook configurations from the deploy/ templates,
+        their matchConditions from the policy file the webhook serves (:attr:`policy`)."""
         from kubernetes import client
 
         from webhook.install.manifests import webhook_configurations
+        from webhook.policies import load_policy
 
         assert self.webhook is not None
         # The client takes plain dicts at run time; its stubs only know its models.
         api: Any = client.AdmissionregistrationV1Api(self.api_client())
+        # Scoped to the policy the webhook runs with, as an install with that policy is.
         for config in webhook_configurations(
-            ca_bundle=self.webhook.ca_bundle(), url=self.webhook.url
+            ca_bundle=self.webhook.ca_bundle(),
+            url=self.webhook.url,
+            policy=load_policy(self.policy),
         ):
             name = config["metadata"]["name"]
             if config["kind"] == "MutatingWebhookConfiguration":

@@ -25,9 +25,14 @@ from typing import Any, Final
 import jsonpatch
 import yaml
 
+from webhook.core.policy import API_VERSION, KIND, Policy
+from webhook.install.scope import MatchCondition, match_conditions
+
 Obj = dict[str, Any]
 
 BASE_NAMESPACE: Final = "gpushare-system"
+POLICY_CONFIG_MAP: Final = "gpushare-policy"
+POLICY_KEY: Final = "policy.yaml"
 DEFAULT_OVERLAY: Final = "self-managed"
 OVERLAYS: Final = ("self-managed", "cert-manager")
 CONTAINER: Final = "webhook"
@@ -333,19 +338,66 @@ def set_namespace(objects: Iterable[Obj], namespace: str) -> None:
                         args[index] = namespace
 
 
+def set_match_conditions(objects: Iterable[Obj], policy: Policy) -> None:
+    """Scope every webhook to what ``policy`` acts on (:mod:`webhook.install.scope`).
+
+    ``deploy/base`` already holds the default policy's conditions; a different policy
+    needs its own, or an object it acts on could be skipped.
+    """
+    for obj in objects:
+        if obj["kind"] in WEBHOOK_KINDS:
+            for hook in obj.get("webhooks") or []:
+                hook["matchConditions"] = [dict(c) for c in match_conditions(policy)]
+
+
+def policy_yaml(policy: Policy) -> str:
+    """A complete policy document for ``policy`` (its compiled spec: same digest)."""
+    document = {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": policy.name},
+        "spec": policy.spec,
+    }
+    return yaml.dump(document, Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+
+
+def set_policy(objects: Iterable[Obj], policy: Policy, text: str | None = None) -> None:
+    """Install ``policy``: the policy ConfigMap serves it (``text``, its YAML as written,
+    else :func:`policy_yaml`), and both webhooks are scoped to it, so the two agree."""
+    objects = list(objects)
+    found = False
+    for obj in objects:
+        if obj["kind"] == "ConfigMap" and obj["metadata"].get("name") == POLICY_CONFIG_MAP:
+            obj.setdefault("data", {})[POLICY_KEY] = (
+                text if text is not None else policy_yaml(policy)
+            )
+            found = True
+    if not found:
+        raise ManifestError(f"no ConfigMap {POLICY_CONFIG_MAP} to put the policy into")
+    set_match_conditions(objects, policy)
+
+
 def render(
     *,
     overlay: str = DEFAULT_OVERLAY,
     namespace: str | None = None,
     image: str | None = None,
     ca_bundle: bytes | None = None,
+    policy: Policy | None = None,
+    policy_text: str | None = None,
 ) -> list[Obj]:
     """The whole install as dicts, in apply order: what ``manifests`` prints.
 
     This is the hook for checks against a real apiserver (server-side dry run):
-    every object here is exactly what a user applies.
+    every object here is exactly what a user applies. ``policy`` is the policy to
+    install (its YAML ``policy_text``, when there is one as written): in the policy
+    ConfigMap, and as the webhooks' matchConditions. Default: the bundled policy.
     """
+    if policy_text is not None and policy is None:
+        raise ValueError("policy_text needs the policy it parses to")
     objects = build(overlay_dir(overlay))
+    if policy is not None:
+        set_policy(objects, policy, policy_text)
     if namespace is not None and namespace != BASE_NAMESPACE:
         set_namespace(objects, namespace)
     if image is not None:
@@ -360,6 +412,7 @@ def webhook_configurations(
     ca_bundle: bytes,
     url: str | None = None,
     service: tuple[str, str] | None = None,
+    policy: Policy | None = None,
 ) -> list[Obj]:
     """The Mutating- and ValidatingWebhookConfiguration of ``deploy/base``, ready to create.
 
@@ -367,7 +420,9 @@ def webhook_configurations(
     (e.g. ``https://127.0.0.1:8443``) each webhook calls ``url`` + its path
     (``/mutate``, ``/validate``); with ``service=(name, namespace)`` it calls that
     Service on port 443 (and excludes that namespace instead of gpushare-system);
-    with neither, the Service of the install. Returns [mutating, validating].
+    with neither, the Service of the install. ``policy`` scopes both webhooks to what
+    it acts on (default: the default policy's scope of ``deploy/base``).
+    Returns [mutating, validating].
     """
     if url is not None and service is not None:
         raise ValueError("give url or service, not both")
@@ -376,6 +431,8 @@ def webhook_configurations(
     configurations = [obj for obj in build(deploy_root() / "base") if obj["kind"] in WEBHOOK_KINDS]
     if service is not None:
         set_namespace(configurations, service[1])
+    if policy is not None:
+        set_match_conditions(configurations, policy)
     for obj in configurations:
         for hook in obj["webhooks"]:
             reference = hook["clientConfig"]["service"]
@@ -385,6 +442,52 @@ def webhook_configurations(
                 reference["name"] = service[0]
     set_ca_bundle(configurations, ca_bundle)
     return sorted(configurations, key=_sort_key)
+
+
+# ------------------------------------------------- generated matchConditions in deploy/
+
+GENERATED_BEGIN: Final = "# BEGIN generated matchConditions"
+GENERATED_END: Final = "# END generated matchConditions"
+
+
+def with_match_conditions(text: str, conditions: Sequence[MatchCondition]) -> str:
+    """``text`` (deploy/base/webhookconfigurations.yaml) with every region between the
+    generated-region markers replaced by ``conditions``, indented like its marker.
+
+    kustomize cannot run the generator, so the default policy's conditions are written
+    into the file; ``hack/update-match-conditions`` calls this, and a test checks the file
+    holds what the generator makes.
+    """
+    block = yaml.dump(
+        {"matchConditions": [dict(c) for c in conditions]},
+        Dumper=_Dumper,
+        sort_keys=False,
+        default_flow_style=False,
+        width=100,
+    )
+    out: list[str] = []
+    inside = False
+    regions = 0
+    for line in text.splitlines(keepends=True):
+        stripped = line.strip()
+        if stripped.startswith(GENERATED_BEGIN):
+            if inside:
+                raise ManifestError(f"{GENERATED_BEGIN} twice without {GENERATED_END}")
+            inside = True
+            regions += 1
+            out.append(line)
+            indent = line[: len(line) - len(line.lstrip())]
+            out.extend(indent + generated + "\n" for generated in block.splitlines())
+        elif stripped.startswith(GENERATED_END):
+            if not inside:
+                raise ManifestError(f"{GENERATED_END} without {GENERATED_BEGIN}")
+            inside = False
+            out.append(line)
+        elif not inside:
+            out.append(line)
+    if inside or not regions:
+        raise ManifestError(f"no complete {GENERATED_BEGIN} ... {GENERATED_END} region")
+    return "".join(out)
 
 
 # ------------------------------------------------------------------ YAML and CLI

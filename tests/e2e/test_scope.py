@@ -1,0 +1,760 @@
+"""The webhooks' matchConditions through a real kube-apiserver: what reaches the webhook.
+
+The conditions (webhook/install/scope.py, registered by the dev cluster from the policy
+it serves) must send every object the decision core acts on, and nothing else that is
+common: a plain pod never waits on the webhook, and with the webhook down plain pods
+are admitted while GPU pods are still refused (validate.gpushare.io fails closed).
+
+Whether the webhook was called is read from its audit log (one line per request, with
+the object's name); the objects are server-side dry-run creates and updates, so nothing
+is stored but the pods the updates start from.
+
+Each target of the two differentials (a GPU resource, NVIDIA_VISIBLE_DEVICES, hostPath
+volumes, device-request mounts, CDI and reserved annotations, the old object's
+annotations, ephemeral containers) was checked to fail them when left out of the
+generated conditions.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import orjson
+import pytest
+import urllib3
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.core.strategies import (
+    ALL_KINDS,
+    CONTAINER_KINDS,
+    IDENTITIES,
+    INJECTED_NAMES,
+    apply_update,
+    attack_env,
+    attacked_objects,
+    device_request_paths,
+    host_paths,
+    objects,
+    pod_metadata,
+    pod_specs,
+    pod_updates,
+    template_of,
+    wrap,
+)
+from webhook.core.decision import Request, decide
+from webhook.core.review import review_object
+from webhook.dev.cluster import DevCluster, running
+from webhook.policies import load_policy
+
+pytestmark = pytest.mark.e2e
+
+Obj = dict[str, Any]
+
+# Bounded for CI (2 cores): each example is one dry-run request (~10 ms); 500 take
+# ~10 s here.
+EXAMPLES: Final = 500
+# An update example stores its pod first (one to three requests more).
+UPDATE_EXAMPLES: Final = 150
+# The REST collection of each kind the webhooks are registered for.
+COLLECTIONS: Final[Mapping[str, str]] = {
+    "Pod": "/api/v1/namespaces/{ns}/pods",
+    "ReplicationController": "/api/v1/namespaces/{ns}/replicationcontrollers",
+    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
+    "StatefulSet": "/apis/apps/v1/namespaces/{ns}/statefulsets",
+    "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets",
+    "ReplicaSet": "/apis/apps/v1/namespaces/{ns}/replicasets",
+    "Job": "/apis/batch/v1/namespaces/{ns}/jobs",
+    "CronJob": "/apis/batch/v1/namespaces/{ns}/cronjobs",
+}
+API_VERSIONS: Final[Mapping[str, str]] = {
+    kind: "/".join(path.split("/")[2:4]) if path.startswith("/apis/") else "v1"
+    for kind, path in COLLECTIONS.items()
+}
+SELECTOR: Final = {"app": "scope"}
+
+
+@dataclass
+class Sent:
+    """One dry-run create and what the apiserver answered."""
+
+    name: str
+    kind: str
+    obj: Obj
+    status: int
+    body: Any
+
+
+class Api:
+    """Raw REST calls to the dev cluster: the objects go as written, junk included."""
+
+    def __init__(self, cluster: DevCluster) -> None:
+        self.server = cluster.server
+        self.http = urllib3.PoolManager(ca_certs=str(cluster.ca_file), cert_reqs="CERT_REQUIRED")
+        self.headers = {
+            "Authorization": f"Bearer {cluster.token}",
+            "Content-Type": "application/json",
+        }
+
+    def create(self, kind: str, namespace: str, obj: Obj, *, dry_run: bool = True) -> Sent:
+        url = self.server + COLLECTIONS[kind].format(ns=namespace)
+        if dry_run:
+            url += "?dryRun=All"
+        response = self.http.request(
+            "POST", url, body=orjson.dumps(obj, default=str), headers=self.headers, timeout=30
+        )
+        try:
+            body = orjson.loads(response.data)
+        except orjson.JSONDecodeError:
+            body = response.data.decode(errors="replace")
+        name = str(obj.get("metadata", {}).get("name", ""))
+        return Sent(name=name, kind=kind, obj=obj, status=response.status, body=body)
+
+    def grant_pod_patch(self, namespace: str, *users: str) -> None:
+        """RBAC for ``users`` to update pods and their ephemeral containers in
+        ``namespace`` (no controller-manager runs here to fill the aggregated roles,
+        so a Role of its own)."""
+        rbac = f"{self.server}/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+        role = {
+            "metadata": {"name": "pod-patcher"},
+            "rules": [
+                {
+                    "apiGroups": [""],
+                    "resources": ["pods", "pods/ephemeralcontainers"],
+                    "verbs": ["get", "patch", "update"],
+                }
+            ],
+        }
+        binding = {
+            "metadata": {"name": "pod-patcher"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "Role",
+                "name": "pod-patcher",
+            },
+            "subjects": [
+                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}
+                for user in users
+            ],
+        }
+        for collection, obj in (("roles", role), ("rolebindings", binding)):
+            response = self.http.request(
+                "POST", f"{rbac}/{collection}", body=orjson.dumps(obj), headers=self.headers
+            )
+            assert response.status in (201, 409), response.data
+
+    def update_pod(self, namespace: str, old: Obj, new: Obj, *, user: str) -> Sent:
+        """A dry-run UPDATE of stored pod ``old`` to ``new`` as ``user``:
+        through pods/ephemeralcontainers when only ephemeral containers change (as
+        `kubectl debug` does), else a merge patch of labels and annotations."""
+        name = old["metadata"]["name"]
+        url = f"{self.server}/api/v1/namespaces/{namespace}/pods/{name}"
+        # The user only: the default policy names its writers by service account.
+        headers = {**self.headers, "Impersonate-User": user}
+        if new["spec"] != old["spec"]:
+            method, url, body = "PUT", url + "/ephemeralcontainers", new
+        else:
+            patch: Obj = {}
+            for field in ("annotations", "labels"):
+                before = old["metadata"].get(field) or {}
+                after = new["metadata"].get(field) or {}
+                changed = {k: v for k, v in after.items() if before.get(k) != v}
+                changed.update({k: None for k in before if k not in after})
+                if changed:
+                    patch[field] = changed
+            method, body = "PATCH", {"metadata": patch}
+            headers["Content-Type"] = "application/merge-patch+json"
+        response = self.http.request(
+            method, url + "?dryRun=All", body=orjson.dumps(body), headers=headers, timeout=30
+        )
+        return Sent(name, "Pod", new, response.status, orjson.loads(response.data))
+
+    def patch_pod(self, namespace: str, name: str, patch: Obj, *, user: str | None = None) -> Sent:
+        """A JSON merge patch of a stored pod (an UPDATE to admission), as ``user``."""
+        url = f"{self.server}/api/v1/namespaces/{namespace}/pods/{name}"
+        headers = {**self.headers, "Content-Type": "application/merge-patch+json"}
+        if user is not None:
+            headers["Impersonate-User"] = user
+        response = self.http.request(
+            "PATCH", url, body=orjson.dumps(patch), headers=headers, timeout=30
+        )
+        return Sent(name, "Pod", patch, response.status, orjson.loads(response.data))
+
+
+@pytest.fixture(scope="module")
+def api(cluster: DevCluster) -> Iterator[Api]:
+    client = Api(cluster)
+    yield client
+    client.http.clear()
+
+
+def admitted_names(cluster: DevCluster, namespace: str, *, sentinel: str | None = None) -> set[str]:
+    """Names of the objects of ``namespace`` the webhook answered (either endpoint).
+
+    With ``sentinel``: first wait until that name is logged. Records are written in the
+    order they were answered, so everything sent before the sentinel is in by then.
+    """
+    assert cluster.webhook is not None
+    deadline = time.monotonic() + 15
+    while True:
+        names = set()
+        for line in cluster.webhook.audit_log.read_bytes().splitlines():
+            ref = orjson.loads(line).get("objectRef") or {}
+            if ref.get("namespace") == namespace:
+                names.add(str(ref.get("name") or ""))
+        if sentinel is None or sentinel in names or time.monotonic() > deadline:
+            return names
+        time.sleep(0.05)
+
+
+def gpu_pod(name: str) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name},
+        "spec": {
+            "containers": [
+                {
+                    "name": "cuda",
+                    "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
+                    "resources": {"limits": {"nvidia.com/gpumem": "3000"}},
+                }
+            ]
+        },
+    }
+
+
+def sendable(kind: str, obj: Obj, name: str) -> Obj:
+    """``obj`` named ``name``, with what the apiserver checks before admission made to
+    fit (metadata a mapping without a namespace of its own, selectors that match the
+    template), so most examples reach the webhooks. What the rules look at is kept."""
+    obj = copy.deepcopy(obj)
+    metadata = obj.get("metadata")
+    if not isinstance(metadata, dict):
+        metadata = obj["metadata"] = {}
+    metadata.pop("namespace", None)
+    metadata.pop("generateName", None)
+    metadata["name"] = name
+    if kind != "Pod":
+        template = template_of(obj, kind)
+        if isinstance(template, dict):
+            template_metadata = template.get("metadata")
+            if not isinstance(template_metadata, dict):
+                template_metadata = template["metadata"] = {}
+            template_metadata["labels"] = dict(SELECTOR)
+        spec = obj["spec"]
+        if kind == "ReplicationController":
+            spec["selector"] = dict(SELECTOR)
+        elif kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"):
+            spec["selector"] = {"matchLabels": dict(SELECTOR)}
+    return obj
+
+
+def core_acts(obj: Any, namespace: str) -> list[str]:
+    """What the decision core would do with ``obj``: its violations, a patch, warnings."""
+    if not isinstance(obj, dict):
+        return []
+    entry = review_object(obj, POLICY, namespace=namespace)
+    acts = [f"{v['rule']}: {v['message']}" for v in entry["violations"]]
+    if entry["patch"]:
+        acts.append(f"patch {entry['patch'][:2]}")
+    acts.extend(f"warning {w}" for w in entry["warnings"])
+    return acts
+
+
+POLICY: Final = load_policy(None)
+
+
+# Annotation keys a GPU-free pod can carry that the rules still read: CDI device
+# requests (any *cdi.k8s.io/ prefix) and the scheduler's reserved keys.
+_GPU_FREE_ANNOTATIONS: Final = (
+    "cdi.k8s.io/gpu",
+    "nvidia.cdi.k8s.io/gpu",
+    "cdi.k8s.io/vfio",
+    "hami.io/vgpu-node",
+    "hami.io/mig-devices-allocated",
+    "example.com/cdi.k8s.io",
+)
+_CDI_VALUES: Final = ("nvidia.com/gpu=all", "example.com/dev=1", "nvidia.com/gpu=GPU-0")
+
+
+def _drop_injected(spec: Obj) -> None:
+    for kind in CONTAINER_KINDS:
+        for container in spec.get(kind, []):
+            mounts = [
+                m for m in container.get("volumeMounts", []) if m["name"] not in INJECTED_NAMES
+            ]
+            container.pop("volumeMounts", None)
+            if mounts:
+                container["volumeMounts"] = mounts
+    if "volumes" in spec:
+        spec["volumes"] = [v for v in spec["volumes"] if v["name"] not in INJECTED_NAMES]
+
+
+@st.composite
+def gpu_free_objects(draw: st.DrawFn) -> tuple[str, Obj]:
+    """(kind, object) whose containers ask for no GPU, with one of the things the rules
+    still judge in any pod spliced in (or not): what is left to catch is env, host
+    paths, device-request mounts and annotations, and most of the rest is skipped."""
+    kind = draw(st.sampled_from(ALL_KINDS))
+    hostile = draw(st.integers(0, 3)) == 0
+    metadata = draw(pod_metadata(hostile=hostile))
+    spec = draw(pod_specs(hostile=hostile, gpu=()))
+    if not hostile:
+        # Without the injected volumes' names (which always reach the webhook), so that
+        # what is spliced in below is often the one thing that decides.
+        _drop_injected(spec)
+    target = draw(st.sampled_from(spec["containers"]))
+    what = draw(st.sampled_from(["nothing", "annotation", "env", "device-request", "hostPath"]))
+    if what == "annotation":
+        annotations = metadata.setdefault("annotations", {})
+        annotations[draw(st.sampled_from(_GPU_FREE_ANNOTATIONS))] = draw(
+            st.sampled_from(_CDI_VALUES)
+        )
+    elif what == "env":
+        target.setdefault("env", []).extend(draw(attack_env()))
+    elif what == "device-request":
+        spec.setdefault("volumes", []).append({"name": "req", "emptyDir": {}})
+        mounts = target.setdefault("volumeMounts", [])
+        mounts.append({"name": "req", "mountPath": draw(device_request_paths())})
+    elif what == "hostPath":
+        volumes = spec.setdefault("volumes", [])
+        volumes.append({"name": "host", "hostPath": {"path": draw(host_paths())}})
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": spec}
+    return kind, wrap(pod, kind)
+
+
+def test_webhook_sees_everything_the_core_acts_on(
+    cluster: DevCluster, api: Api, namespace: str
+) -> None:
+    """Differential: generated objects (every bypass family, GPU and not, every kind) as
+    dry-run creates; any object the core would mutate, refuse or warn about must have
+    reached the webhook. An object the webhook was not called for is judged as the
+    apiserver decoded it (the dry-run answer), which is what the webhook would have seen."""
+    sent: list[Sent] = []
+    counter = itertools.count()
+
+    @settings(
+        max_examples=EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+    @given(st.one_of(objects(), attacked_objects(), gpu_free_objects()))
+    def send(example: tuple[str, Obj]) -> None:
+        kind, obj = example
+        name = f"x{next(counter)}"
+        sent.append(api.create(kind, namespace, sendable(kind, obj, name)))
+
+    send()
+    sentinel = api.create("Pod", namespace, gpu_pod("sentinel"))
+    assert sentinel.status == 201, sentinel.body
+    called = admitted_names(cluster, namespace, sentinel="sentinel")
+
+    missed = []
+    counts = {"called": 0, "skipped": 0, "undecodable": 0}
+    for item in sent:
+        if item.name in called:
+            counts["called"] += 1
+            continue
+        if item.status == 400:
+            # Refused while decoding (junk where a typed field is): no admission at all.
+            counts["undecodable"] += 1
+            continue
+        counts["skipped"] += 1
+        # Admitted by the dry run: the webhook would have seen the decoded object.
+        seen = item.body if item.status == 201 else item.obj
+        acts = core_acts(seen, namespace)
+        if acts:
+            missed.append((item.kind, item.status, acts, seen))
+    print(f"scope differential over {len(sent)} objects: {counts}")
+    assert not missed, f"{len(missed)} skipped although the core acts on them; first: {missed[0]}"
+    # The run means something only if both sides happened often.
+    assert counts["called"] >= EXAMPLES // 4, counts
+    assert counts["skipped"] >= EXAMPLES // 20, counts
+
+
+def _container(**extra: Any) -> Obj:
+    return {"name": "app", "image": "nginx:1.27", **extra}
+
+
+# What clusters run all day: none of it asks for a GPU or touches the GPU stack.
+PLAIN_SPECS: Final[Mapping[str, Obj]] = {
+    "nginx": {"containers": [_container()]},
+    "resources": {
+        "containers": [
+            _container(
+                resources={
+                    "limits": {"cpu": "1", "memory": "512Mi"},
+                    "requests": {"cpu": "100m", "memory": "128Mi"},
+                }
+            )
+        ]
+    },
+    "env-config": {
+        "containers": [
+            _container(
+                env=[
+                    {"name": "LOG_LEVEL", "value": "debug"},
+                    {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
+                    {
+                        "name": "POD_NAME",
+                        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+                    },
+                ],
+                volumeMounts=[{"name": "config", "mountPath": "/etc/app"}],
+            )
+        ],
+        "volumes": [
+            {"name": "config", "configMap": {"name": "app"}},
+            {"name": "scratch", "emptyDir": {}},
+        ],
+    },
+    "init-and-sidecar": {
+        "initContainers": [
+            _container(name="migrate", command=["sh", "-c", "true"]),
+            _container(name="proxy", restartPolicy="Always"),
+        ],
+        "containers": [_container()],
+        "nodeSelector": {"kubernetes.io/os": "linux"},
+    },
+    "privileged-no-gpu": {
+        "containers": [_container(securityContext={"privileged": True})],
+        "hostNetwork": True,
+    },
+}
+PLAIN_ANNOTATIONS: Final = {
+    "prometheus.io/scrape": "true",
+    "kubectl.kubernetes.io/restartedAt": "2026-01-01T00:00:00Z",
+}
+
+
+def plain_objects() -> Iterator[tuple[str, Obj]]:
+    """Every plain spec as a Pod and as the template of every workload kind."""
+    for label, spec in PLAIN_SPECS.items():
+        for kind in COLLECTIONS:
+            pod: Obj = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": label, "annotations": dict(PLAIN_ANNOTATIONS)},
+                "spec": copy.deepcopy(spec),
+            }
+            if kind == "Pod":
+                yield kind, pod
+                continue
+            template = {
+                "metadata": pod["metadata"] | {"labels": dict(SELECTOR)},
+                "spec": pod["spec"],
+            }
+            del template["metadata"]["name"]
+            obj: Obj = {"apiVersion": API_VERSIONS[kind], "kind": kind, "metadata": {"name": label}}
+            if kind == "CronJob":
+                template["spec"]["restartPolicy"] = "Never"
+                obj["spec"] = {
+                    "schedule": "*/5 * * * *",
+                    "jobTemplate": {"spec": {"template": template}},
+                }
+            elif kind == "Job":
+                template["spec"]["restartPolicy"] = "Never"
+                obj["spec"] = {"template": template}
+            elif kind == "ReplicationController":
+                obj["spec"] = {"selector": dict(SELECTOR), "template": template}
+            else:
+                obj["spec"] = {"selector": {"matchLabels": dict(SELECTOR)}, "template": template}
+            yield kind, obj
+
+
+def test_plain_pods_and_workloads_never_reach_the_webhook(
+    cluster: DevCluster, api: Api, namespace: str
+) -> None:
+    sent = []
+    for number, (kind, obj) in enumerate(plain_objects()):
+        obj = sendable(kind, obj, f"plain-{number}")
+        answer = api.create(kind, namespace, obj)
+        assert answer.status == 201, (kind, answer.body)
+        assert not core_acts(obj, namespace), obj
+        sent.append(answer.name)
+    assert api.create("Pod", namespace, gpu_pod("sentinel")).status == 201
+    called = admitted_names(cluster, namespace, sentinel="sentinel")
+    assert called == {"sentinel"}, sorted(called & set(sent))
+
+
+# Pods as they are stored when an update comes: a plain pod, one the scheduler wrote
+# its allocation on, and a GPU-sharing pod (mutated at creation).
+_ALLOCATION: Final = {
+    "hami.io/vgpu-node": "gpu-node-1",
+    "hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,3000,30:;",
+    "hami.io/bind-phase": "allocating",
+}
+_SCHEDULER: Final = IDENTITIES["scheduler"][0]
+
+
+VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
+DEVICE_REQUEST: Final = "/var/run/nvidia-container-devices/all"
+# What only a GPU-relevant update does to a plain pod, so that the conditions' pod
+# UPDATE cases (the old object's annotations, ephemeral containers) decide alone.
+_TARGETED: Final[Mapping[str, list[tuple[str, Any, Any]]]] = {
+    "remove-allocation": [("annotate", key, None) for key in _ALLOCATION],
+    "debug-visible-devices": [
+        (
+            "debug",
+            {"name": "d", "image": "busybox", "env": [{"name": VISIBLE, "value": "all"}]},
+            None,
+        )
+    ],
+    "debug-device-request": [
+        (
+            "debug",
+            {
+                "name": "d",
+                "image": "busybox",
+                "volumeMounts": [{"name": "data", "mountPath": DEVICE_REQUEST}],
+            },
+            None,
+        )
+    ],
+}
+
+
+def _stored_pod(api: Api, namespace: str, name: str, base: str) -> Obj:
+    pod = (
+        gpu_pod(name)
+        if base == "gpu"
+        else {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": name, "labels": {"team": "ml"}},
+            # Volumes the `kubectl debug` containers of tests/core/strategies.py mount.
+            "spec": {
+                "containers": [_container()],
+                "volumes": [{"name": "data", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
+            },
+        }
+    )
+    created = api.create("Pod", namespace, pod, dry_run=False)
+    assert created.status == 201, created.body
+    stored: Obj = created.body
+    if base == "allocated":
+        patch = {"metadata": {"annotations": _ALLOCATION}}
+        written = api.patch_pod(namespace, name, patch, user=_SCHEDULER)
+        assert written.status == 200, written.body
+        stored = written.body
+    return stored
+
+
+def test_webhook_sees_every_pod_update_the_core_acts_on(
+    cluster: DevCluster, api: Api, namespace: str
+) -> None:
+    """Differential for pod UPDATEs (labels, annotations added, changed or removed,
+    `kubectl debug` containers) by the tenant, the scheduler and look-alikes, on plain,
+    allocated and GPU pods: an update the core would refuse or warn about reached the
+    webhook. An update the webhook was not called for is judged as the apiserver would
+    have sent it (the dry-run answer against the stored pod)."""
+    api.grant_pod_patch(namespace, *(user for user, _ in IDENTITIES.values()))
+    sent: list[tuple[Sent, Obj, str, tuple[str, ...]]] = []
+    counter = itertools.count()
+
+    @settings(
+        max_examples=UPDATE_EXAMPLES,
+        deadline=None,
+        database=None,
+        suppress_health_check=[HealthCheck.too_slow],
+    )
+    @given(
+        st.sampled_from(["plain", "allocated", "gpu"]),
+        st.one_of(pod_updates(), st.sampled_from(sorted(_TARGETED)).map(_TARGETED.__getitem__)),
+        st.sampled_from(sorted(IDENTITIES)),
+    )
+    def send(base: str, edits: list[tuple[str, Any, Any]], identity: str) -> None:
+        old = _stored_pod(api, namespace, f"u{next(counter)}", base)
+        # One subresource per request: ephemeral containers alone, or metadata alone.
+        debug = [e for e in edits if e[0] == "debug"]
+        new = apply_update(old, debug or edits)
+        user, groups = IDENTITIES[identity]
+        sent.append((api.update_pod(namespace, old, new, user=user), old, user, groups))
+
+    send()
+    assert api.create("Pod", namespace, gpu_pod("sentinel")).status == 201
+    admitted_names(cluster, namespace, sentinel="sentinel")
+    assert cluster.webhook is not None
+    called = set()
+    for line in cluster.webhook.audit_log.read_bytes().splitlines():
+        record = orjson.loads(line)
+        ref = record.get("objectRef") or {}
+        # Dry-run updates only: the scheduler's real write of an allocation is not one.
+        if (
+            ref.get("namespace") == namespace
+            and record.get("verb") == "update"
+            and record.get("dryRun")
+        ):
+            called.add(ref.get("name"))
+    missed = []
+    counts = {"called": 0, "skipped": 0, "invalid": 0}
+    for answer, old, user, groups in sent:
+        if answer.name in called:
+            counts["called"] += 1
+            continue
+        if answer.status != 200:
+            # Refused by the apiserver's own validation, before validating admission.
+            assert answer.status == 422, answer.body
+            counts["invalid"] += 1
+            continue
+        counts["skipped"] += 1
+        request = Request(
+            kind="Pod", operation="UPDATE", namespace=namespace, username=user, groups=groups
+        )
+        decision = decide(answer.body, request, POLICY, phase="validate", old=old)
+        if decision.violations or decision.warnings:
+            missed.append((user, decision.violations, decision.warnings, answer.obj))
+    print(f"scope update differential over {len(sent)} updates: {counts}")
+    assert not missed, f"{len(missed)} skipped although the core acts on them; first: {missed[0]}"
+    assert counts["called"] >= UPDATE_EXAMPLES // 4, counts
+    assert counts["skipped"] >= UPDATE_EXAMPLES // 20, counts
+
+
+def updates_of(cluster: DevCluster, namespace: str, name: str) -> int:
+    assert cluster.webhook is not None
+    count = 0
+    for line in cluster.webhook.audit_log.read_bytes().splitlines():
+        record = orjson.loads(line)
+        ref = record.get("objectRef") or {}
+        if ref.get("namespace") == namespace and ref.get("name") == name:
+            count += record.get("verb") == "update"
+    return count
+
+
+def test_pod_updates_reach_the_webhook_when_they_touch_what_the_rules_read(
+    cluster: DevCluster, api: Api, namespace: str
+) -> None:
+    """A plain pod is never sent at creation, yet an UPDATE that forges or removes the
+    scheduler's annotations, or adds a CDI request, still reaches the webhook: the
+    conditions read the new object and, for removals, the old one."""
+    scheduler = "system:serviceaccount:kube-system:hami-scheduler"
+    pod: Obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "plain"},
+        "spec": {"containers": [_container()]},
+    }
+    created = api.create("Pod", namespace, pod, dry_run=False)
+    assert created.status == 201, created.body
+    api.grant_pod_patch(namespace, scheduler)
+    # Not GPU-relevant: a label change is not sent.
+    assert api.patch_pod(namespace, "plain", {"metadata": {"labels": {"a": "b"}}}).status == 200
+    forged = {"metadata": {"annotations": {"hami.io/vgpu-node": "gpu-node-1"}}}
+    answer = api.patch_pod(namespace, "plain", forged)
+    assert answer.status == 403 and "forged-allocation" in answer.body["message"], answer.body
+    cdi = {"metadata": {"annotations": {"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}}}
+    answer = api.patch_pod(namespace, "plain", cdi)
+    assert answer.status == 403 and "host-device-access" in answer.body["message"], answer.body
+    # The scheduler may write its key; anyone else removing it is forging: only the old
+    # object still shows the key, and it alone sends this request.
+    assert api.patch_pod(namespace, "plain", forged, user=scheduler).status == 200
+    removed = {"metadata": {"annotations": {"hami.io/vgpu-node": None}}}
+    answer = api.patch_pod(namespace, "plain", removed)
+    assert answer.status == 403 and "forged-allocation" in answer.body["message"], answer.body
+    assert api.create("Pod", namespace, gpu_pod("sentinel")).status == 201
+    admitted_names(cluster, namespace, sentinel="sentinel")
+    # The forged, CDI, scheduler's and removing updates; not the label change.
+    assert updates_of(cluster, namespace, "plain") == 4
+
+
+def test_webhook_down_admits_plain_objects_and_refuses_gpu_pods(
+    cluster: DevCluster, api: Api, namespace: str
+) -> None:
+    """What `kubectl apply -k deploy/` before the webhook runs used to break: with the
+    webhook process gone, every plain pod and workload is admitted; GPU pods, GPU
+    templates and GPU-relevant plain pods are refused by validate.gpushare.io."""
+    assert cluster.webhook is not None
+    cluster.webhook.stop()
+    try:
+        plain = list(plain_objects())
+        admitted = 0
+        for number, (kind, obj) in enumerate(plain):
+            answer = api.create(kind, namespace, sendable(kind, obj, f"down-{number}"))
+            assert answer.status == 201, (kind, answer.body)
+            admitted += 1
+        assert admitted == len(plain)
+        deployment = next(obj for kind, obj in plain if kind == "Deployment")
+        gpu_deployment = copy.deepcopy(deployment)
+        container = gpu_deployment["spec"]["template"]["spec"]["containers"][0]
+        container["resources"] = {"limits": {"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}}
+        visible = gpu_pod("visible")
+        visible["spec"]["containers"][0].pop("resources")
+        visible["spec"]["containers"][0]["env"] = [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
+        ]
+        for kind, obj in (
+            ("Pod", gpu_pod("gpu-down")),
+            ("Deployment", sendable("Deployment", gpu_deployment, "gpu-deployment-down")),
+            ("Pod", visible),
+        ):
+            answer = api.create(kind, namespace, obj)
+            assert answer.status == 500, (kind, answer.body)
+            assert 'failed calling webhook "validate.gpushare.io"' in answer.body["message"]
+    finally:
+        cluster.webhook.start()
+    deadline = time.monotonic() + 20
+    while api.create("Pod", namespace, gpu_pod("back")).status != 201:
+        assert time.monotonic() < deadline, "the webhook did not come back"
+        time.sleep(0.2)
+
+
+CUSTOM_POLICY: Final = """\
+apiVersion: gpushare.io/v1alpha1
+kind: GPUSharePolicy
+metadata: {name: custom}
+spec:
+  resources:
+    count: [example.com/vgpu]
+    # nvidia.com/gpumem stays: the dev cluster's start-up probe asks for it.
+    memoryMiB: [nvidia.com/gpumem, example.com/vgpu-memory]
+  reservedAnnotations: [example.io/alloc-*]
+"""
+
+
+@pytest.fixture(scope="module")
+def custom_cluster(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """A second dev cluster whose webhook serves a policy with names of its own."""
+    workdir = tmp_path_factory.mktemp("custom-cluster")
+    policy = workdir / "policy.yaml"
+    policy.write_text(CUSTOM_POLICY)
+    with running(bin_dir=bin_dir, policy=policy, workdir=workdir) as started:
+        yield started
+
+
+def test_registrations_follow_the_policy_the_webhook_serves(custom_cluster: DevCluster) -> None:
+    """The dev cluster scopes the webhooks to the policy it runs with: a pod that asks
+    only for the policy's own resource reaches the webhook and is mutated, its own
+    reserved annotation is refused, and a plain pod is still not sent."""
+    namespace = "custom"
+    custom_cluster.create_namespace(namespace)
+    api = Api(custom_cluster)
+    pod = gpu_pod("custom-gpu")
+    pod["spec"]["containers"][0]["resources"] = {
+        "limits": {"example.com/vgpu": "1", "example.com/vgpu-memory": "2000"}
+    }
+    answer = api.create("Pod", namespace, pod)
+    assert answer.status == 201, answer.body
+    env = {e["name"]: e.get("value") for e in answer.body["spec"]["containers"][0]["env"]}
+    assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+    forged: Obj = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "forged", "annotations": {"example.io/alloc-node": "n1"}},
+        "spec": {"containers": [_container()]},
+    }
+    answer = api.create("Pod", namespace, forged)
+    assert answer.status == 403 and "forged-allocation" in answer.body["message"], answer.body
+    plain = {**forged, "metadata": {"name": "plain"}}
+    assert api.create("Pod", namespace, plain).status == 201
+    assert api.create("Pod", namespace, gpu_pod("sentinel")).status == 201
+    called = admitted_names(custom_cluster, namespace, sentinel="sentinel")
+    assert called == {"custom-gpu", "forged", "sentinel"}
+    api.http.clear()

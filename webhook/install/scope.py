@@ -1,0 +1,212 @@
+"""Which admission requests reach the webhook at all: ``matchConditions`` (CEL) from a policy.
+
+Both webhook registrations carry these conditions, so the apiserver calls the webhook
+only for an object the decision core could act on: a pod (or a workload's pod template)
+that names a GPU resource of the policy or touches something GPU-related. A plain pod
+never waits on the webhook, and a webhook outage refuses only GPU-relevant objects.
+
+The conditions are a *superset* of what the core acts on (:mod:`webhook.core.rules`,
+:mod:`webhook.core.decision`): an object the core would mutate or judge must never be
+skipped, so every test here errs towards sending. What the core acts on, and the
+condition that catches it:
+
+- GPU requests (every rule that needs one, the mutation, the mode): a resource name of
+  the policy, or one with a MIG prefix, in the limits or requests of any container,
+  init container or ephemeral container.
+- raw-visible-devices (any pod): an env entry named ``NVIDIA_VISIBLE_DEVICES``.
+- host-device-access (any pod): any hostPath volume (the protected paths are compared
+  after normalisation, which CEL cannot do; a hostPath is rare enough to send them all);
+  a mount whose path contains ``nvidia-container-devices``; a mount or volume with a
+  name the mutation injects; an annotation key containing ``cdi.k8s.io/``.
+- forged-allocation: an annotation key that may match a reserved glob of the policy
+  (each glob cut at its first wildcard: a key prefix), on the object and, for a pod
+  UPDATE, on the old object (removing what the scheduler wrote is forging too).
+
+The conditions are ANDed by the apiserver, so each one is an implication per kind
+("not a Pod, or the Pod is relevant"): for any kind the three do not name, all are
+true and the request is sent. CEL sees admitted objects without a schema (dynamic
+types), so every field is guarded by ``has()`` before it is read; an evaluation error
+would make the request follow the webhook's failurePolicy.
+
+Pure: a :class:`~webhook.core.policy.Policy` in, a list of conditions out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from typing import Final, TypedDict
+
+from webhook.core.injection import (
+    VOLUME_CACHE,
+    VOLUME_LIBRARY,
+    VOLUME_LOCK,
+    VOLUME_MPS_PIPE,
+    VOLUME_PRELOAD,
+)
+from webhook.core.policy import Policy
+from webhook.core.resources import CONTAINER_KINDS
+from webhook.core.workload import TEMPLATE_PATHS
+
+# The apiserver's limit on matchConditions per webhook.
+MAX_CONDITIONS: Final = 64
+
+VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+DEVICE_REQUEST_MARK: Final = "nvidia-container-devices"
+CDI_MARK: Final = "cdi.k8s.io/"
+INJECTED_VOLUMES: Final = (
+    VOLUME_LIBRARY,
+    VOLUME_LOCK,
+    VOLUME_CACHE,
+    VOLUME_PRELOAD,
+    VOLUME_MPS_PIPE,
+)
+_GLOB_CHARS: Final = "*?["
+
+
+class MatchCondition(TypedDict):
+    name: str
+    expression: str
+
+
+def literal(text: str) -> str:
+    """A CEL string literal of ``text``.
+
+    JSON's escapes are CEL's, bar ``\\/`` (json.dumps never writes it); non-ASCII
+    stays literal because CEL refuses the surrogate pairs ``ensure_ascii`` would write.
+    """
+    return json.dumps(text, ensure_ascii=False)
+
+
+def _list(items: Iterable[str]) -> str:
+    return "[" + ", ".join(literal(item) for item in items) + "]"
+
+
+def _any(terms: Sequence[str], *, joiner: str = " || ") -> str:
+    return joiner.join(f"({term})" for term in terms) if terms else "false"
+
+
+# Top-level alternatives one a line: the conditions are read in deploy/base too.
+_LINES: Final = "\n  || "
+
+
+def annotation_prefixes(patterns: Iterable[str]) -> tuple[list[str], list[str]]:
+    """``(prefixes, exact)``: keys that start with a prefix or equal an exact key cover
+    every key the glob ``patterns`` match (fnmatch: ``*``, ``?``, ``[...]``, case-sensitive).
+
+    A glob is cut at its first wildcard; a key the shorter prefix covers is dropped.
+    """
+    prefixes: set[str] = set()
+    exact: set[str] = set()
+    for pattern in patterns:
+        cut = min((pattern.index(c) for c in _GLOB_CHARS if c in pattern), default=None)
+        if cut is None:
+            exact.add(pattern)
+        else:
+            prefixes.add(pattern[:cut])
+    kept = sorted(p for p in prefixes if not any(p != q and p.startswith(q) for q in prefixes))
+    exact_kept = sorted(k for k in exact if not any(k.startswith(p) for p in kept))
+    return kept, exact_kept
+
+
+def _resource_test(policy: Policy, var: str) -> str:
+    """``var`` (a resource name) is one the policy reads as a GPU request."""
+    terms = []
+    if policy.gpu_resources:
+        terms.append(f"{var} in {_list(sorted(policy.gpu_resources))}")
+    terms.extend(f"{var}.startsWith({literal(p)})" for p in sorted(set(policy.mig_prefixes)))
+    return " || ".join(terms) or "false"
+
+
+def _container_test(policy: Policy, c: str) -> str:
+    """Container ``c`` asks for a GPU, sets NVIDIA_VISIBLE_DEVICES, or mounts the
+    device-request directory or a volume the mutation injects."""
+    gpu = _resource_test(policy, "r")
+    return _any(
+        [
+            f"has({c}.resources) && ("
+            f"(has({c}.resources.limits) && {c}.resources.limits.exists(r, {gpu})) || "
+            f"(has({c}.resources.requests) && {c}.resources.requests.exists(r, {gpu})))",
+            f"has({c}.env) && {c}.env.exists(e, has(e.name) && e.name == {literal(VISIBLE_DEVICES)})",
+            f"has({c}.volumeMounts) && {c}.volumeMounts.exists(m, "
+            f"(has(m.mountPath) && m.mountPath.contains({literal(DEVICE_REQUEST_MARK)})) || "
+            f"(has(m.name) && m.name in {_list(INJECTED_VOLUMES)}))",
+        ]
+    )
+
+
+def _spec_test(policy: Policy, spec: str) -> str:
+    """Pod spec ``spec`` has a relevant container of any kind or a relevant volume."""
+    # One list of every kind of container, so the container test is written once.
+    every = " + ".join(f"(has({spec}.{kind}) ? {spec}.{kind} : [])" for kind in CONTAINER_KINDS)
+    return _any(
+        [
+            f"({every}).exists(c, {_container_test(policy, 'c')})",
+            f"has({spec}.volumes) && {spec}.volumes.exists(v, has(v.hostPath) || "
+            f"(has(v.name) && v.name in {_list(INJECTED_VOLUMES)}))",
+        ]
+    )
+
+
+def _annotation_test(policy: Policy, metadata: str) -> str:
+    """Metadata ``metadata`` has a CDI annotation or one a reserved glob may match."""
+    prefixes, exact = annotation_prefixes(policy.reserved_annotations)
+    if "" in prefixes:
+        # A glob that starts with a wildcard can match any key.
+        return f"has({metadata}.annotations) && size({metadata}.annotations) > 0"
+    terms = [f"k.contains({literal(CDI_MARK)})"]
+    terms.extend(f"k.startsWith({literal(p)})" for p in prefixes)
+    if exact:
+        terms.append(f"k in {_list(exact)}")
+    return f"has({metadata}.annotations) && {metadata}.annotations.exists(k, {' || '.join(terms)})"
+
+
+def _template_test(policy: Policy, path: Sequence[str]) -> str:
+    """The pod template at ``object.<path>`` is relevant (absent: nothing to act on)."""
+    guards = []
+    node = "object"
+    for part in path:
+        guards.append(f"has({node}.{part})")
+        node = f"{node}.{part}"
+    relevant = _any(
+        [
+            f"has({node}.spec) && ({_spec_test(policy, node + '.spec')})",
+            f"has({node}.metadata) && ({_annotation_test(policy, node + '.metadata')})",
+        ],
+        joiner=_LINES,
+    )
+    return " && ".join([*guards, f"({relevant})"])
+
+
+def match_conditions(policy: Policy) -> list[MatchCondition]:
+    """The matchConditions of both webhooks under ``policy`` (all must hold to call it)."""
+    pod = _any(
+        [
+            f"has(object.spec) && ({_spec_test(policy, 'object.spec')})",
+            f"has(object.metadata) && ({_annotation_test(policy, 'object.metadata')})",
+            # A pod UPDATE may remove what the scheduler wrote: judge it by the old object too.
+            "oldObject != null && has(oldObject.metadata) && "
+            f"({_annotation_test(policy, 'oldObject.metadata')})",
+        ],
+        joiner=_LINES,
+    )
+    by_path: dict[tuple[str, ...], list[str]] = {}
+    for kind, path in TEMPLATE_PATHS.items():
+        by_path.setdefault(tuple(path), []).append(kind)
+    conditions = [
+        MatchCondition(
+            name="gpushare.io/pod-is-gpu-relevant",
+            expression=f"request.kind.kind != 'Pod'{_LINES}{pod}",
+        )
+    ]
+    for path, kinds in sorted(by_path.items(), key=lambda item: len(item[0])):
+        name = "template" if path == ("spec", "template") else "-".join(kinds).lower()
+        conditions.append(
+            MatchCondition(
+                name=f"gpushare.io/{name}-is-gpu-relevant",
+                expression=f"!(request.kind.kind in {_list(kinds)}){_LINES}"
+                f"({_template_test(policy, path)})",
+            )
+        )
+    assert len(conditions) <= MAX_CONDITIONS
+    return conditions
