@@ -28,6 +28,7 @@ from cryptography.x509.verification import PolicyBuilder, Store, VerificationErr
 
 from webhook.certs import contexts, files, issue, material
 from webhook.cli import main
+from webhook.service import loop as serving_loop
 
 ONE_DAY = timedelta(days=1)
 ONE_WEEK = timedelta(days=7)
@@ -595,6 +596,27 @@ async def test_clients_without_sni_get_the_current_certificate(
             == new.cert.serial_number
         )
     assert server_names == [None, "localhost"]
+
+
+@pytest.mark.skipif(serving_loop.loop_factory() is None, reason="uvloop is not installed")
+@pytest.mark.parametrize(
+    "scenario",
+    [
+        test_hot_swap_keeps_connections_and_serves_new_pair,
+        test_clients_without_sni_get_the_current_certificate,
+    ],
+)
+def test_reload_switches_certificates_on_the_serving_loop(
+    tmp_path: Path, ca: material.KeyPair, scenario: Callable[..., Any]
+) -> None:
+    """The two tests above on the loop a server runs on (uvloop, whose TLS transport
+    is its own code): its handshake must call the context's sni_callback too."""
+
+    async def on_serving_loop() -> None:
+        assert type(asyncio.get_running_loop()).__module__.startswith("uvloop")
+        await scenario(tmp_path, ca)
+
+    serving_loop.run(on_serving_loop())
 
 
 @pytest.mark.asyncio

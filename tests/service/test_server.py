@@ -22,6 +22,7 @@ from hypothesis import strategies as st
 from tests.paths import MANIFESTS, ROOT
 from webhook.certs.contexts import build_server_context
 from webhook.dev.testing import admission_review as review
+from webhook.service import server
 from webhook.service.process import ServerConfig, Service, start
 from webhook.service.server import parse_timeout
 
@@ -295,6 +296,48 @@ async def test_bad_input_gets_a_4xx_json_status(
         assert body["kind"] == "Status"
         assert body["code"] == status
         assert body["message"]
+
+
+async def test_buffered_body_over_the_limit_is_413(
+    service: Service, client: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A body that arrived whole is taken from the buffer, not by read() (which enforces
+    # the app's client_max_size): the handler's own check must refuse it. A lower limit
+    # than the app's makes a small body, which is always buffered whole, cross it.
+    monkeypatch.setattr(server, "MAX_BODY", 500)
+    body = review(manifest("hami-vgpu-pod.yaml"))
+    assert len(orjson.dumps(body)) > 500
+    status, answer = await post(client, service, "/mutate", body)
+    assert status == 413
+    assert answer["message"] == "body over 500 bytes"
+
+
+@pytest.mark.parametrize(
+    "content_type", ["application/json; charset=utf-8", "Application/JSON", "application/json "]
+)
+async def test_json_content_type_with_parameters_or_other_case(
+    service: Service, client: aiohttp.ClientSession, content_type: str
+) -> None:
+    body = review(manifest("hami-vgpu-pod.yaml"))
+    status, answer = await post(client, service, "/mutate", body, content_type=content_type)
+    assert status == 200
+    assert answer["response"]["uid"] == body["request"]["uid"]
+
+
+async def test_body_stalled_past_the_deadline_is_408(
+    service: Service, tls_files: dict[str, Path]
+) -> None:
+    context = ssl.create_default_context(cafile=str(tls_files["ca"]))
+    reader, writer = await asyncio.open_connection("127.0.0.1", service.port, ssl=context)
+    try:
+        writer.write(
+            b"POST /validate?timeout=200ms HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+            b"Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{"
+        )
+        async with asyncio.timeout(10):
+            assert (await reader.readline()).startswith(b"HTTP/1.1 408 ")
+    finally:
+        writer.close()
 
 
 JSON = st.recursive(

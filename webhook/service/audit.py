@@ -15,6 +15,7 @@ import os
 import sys
 import threading
 import time
+from collections import deque
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Final, TypedDict
@@ -29,6 +30,11 @@ log = logging.getLogger(__name__)
 # How long the writer lets records gather before a write: bounds how stale the file is.
 _BATCH_WINDOW: Final = 0.01
 _VERBS: Final = {"CREATE": "create", "UPDATE": "update", "DELETE": "delete", "CONNECT": "connect"}
+# A record's timestamp is "<UTC second>" + one of these, as
+# datetime.now(UTC).isoformat(timespec="milliseconds") writes it: formatting the second
+# only when it changes costs ~0.4 us a record instead of ~2.7 us.
+_MILLIS: Final = tuple(f".{ms:03d}+00:00" for ms in range(1000))
+_second: tuple[int, str] = (-1, "")
 
 
 class ObjectRef(TypedDict, total=False):
@@ -60,10 +66,21 @@ class AuditRecord(TypedDict, total=False):
     error: str
 
 
+def timestamp() -> str:
+    """Now in UTC with milliseconds: ``2026-01-02T03:04:05.678+00:00``."""
+    global _second  # one per process: a record built on another thread at worst reformats
+    second, millis = divmod(time.time_ns() // 1_000_000, 1000)
+    cached, prefix = _second
+    if cached != second:
+        prefix = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+        _second = (second, prefix)
+    return prefix + _MILLIS[millis]
+
+
 def build_record(
     answer: Answer, *, endpoint: str, policy_hash: str, latency_s: float, error: str | None = None
 ) -> AuditRecord:
-    """The audit record of one answered review (pure)."""
+    """The audit record of one answered review, stamped now."""
     request = answer.request
     resource = as_mapping(request.get("resource"))
     metadata = as_mapping(
@@ -84,18 +101,15 @@ def build_record(
         ref["name"] = str(name)
     elif metadata.get("generateName"):
         ref["generateName"] = str(metadata["generateName"])
-    user = as_mapping(request.get("userInfo"))
-    groups = user.get("groups")
+    facts = answer.facts
     decision = answer.decision
     record: AuditRecord = {
         "auditID": str(request.get("uid", "")),
         "stage": "ResponseComplete",
-        "timestamp": datetime.now(UTC).isoformat(timespec="milliseconds"),
-        "verb": _VERBS.get(answer.facts.operation, answer.facts.operation.lower()),
-        "user": {
-            "username": str(user.get("username") or ""),
-            "groups": [str(g) for g in groups] if isinstance(groups, list) else [],
-        },
+        "timestamp": timestamp(),
+        "verb": _VERBS.get(facts.operation, facts.operation.lower()),
+        # The facts hold userInfo already read as strings (request_facts).
+        "user": {"username": facts.username, "groups": list(facts.groups)},
         "objectRef": ref,
         "dryRun": request.get("dryRun") is True,
         "endpoint": endpoint,
@@ -107,7 +121,9 @@ def build_record(
         ],
         "patchOps": len(decision.patch) if endpoint == "mutate" else 0,
         "policyHash": policy_hash,
-        "latencyMs": round(latency_s * 1000, 3),
+        # Whole microseconds, as round(ms, 3) gives them, without its decimal rounding
+        # (~0.35 us against ~0.12).
+        "latencyMs": round(latency_s * 1_000_000) / 1000,
     }
     if decision.exempt:
         record["exempt"] = True
@@ -170,8 +186,10 @@ class _Stream:
 class AuditSink:
     """Queues records on the loop; a writer thread serialises and writes them in batches.
 
-    The request path only appends to a deque (never blocks); ``close`` drains every
-    queued record before returning, so a clean shutdown loses no line.
+    The request path only appends to a deque: no lock, and no wake-up of the writer
+    unless it is idle (under load it is busy with the previous batch, so none at all).
+    Every record :meth:`emit` accepted is written before :meth:`close` returns, so a
+    clean shutdown loses no line; ``emit`` after ``close`` raises.
     """
 
     def __init__(self, target: str, *, max_bytes: int = 100 << 20, backups: int = 5) -> None:
@@ -180,44 +198,55 @@ class AuditSink:
             self._out = _Stream(sys.stdout.buffer)
         else:
             self._out = RotatingFile(Path(target), max_bytes=max_bytes, backups=backups)
-        self._pending: list[AuditRecord] = []
-        self._lock = threading.Condition()
+        # deque.append and popleft are atomic (one C call under the GIL): the loop
+        # appends and the writer pops without a lock between them.
+        self._pending: deque[AuditRecord] = deque()
+        self._wake = threading.Event()
+        self._idle = False  # the writer waits on _wake (only then does emit set it)
         self._closed = False
         self.written = 0
         self._thread = threading.Thread(target=self._run, name="audit-writer", daemon=True)
         self._thread.start()
 
     def emit(self, record: AuditRecord) -> None:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("audit sink is closed")
-            self._pending.append(record)
-            # Wake the writer only when the queue was empty (it may be waiting): a
-            # wake-up per record costs a thread switch and a GIL hand-off per request.
-            if len(self._pending) == 1:
-                self._lock.notify()
+        self._pending.append(record)
+        # Checked after the append: a record appended before close() set _closed is in
+        # the writer's last drain (it reads _closed, then drains); one that sees _closed
+        # is refused, as it may come after that drain.
+        if self._closed:
+            raise RuntimeError("audit sink is closed")
+        if self._idle:
+            self._wake.set()
 
     def _run(self) -> None:
+        pending = self._pending
         while True:
-            with self._lock:
-                while not self._pending and not self._closed:
-                    self._lock.wait()
-                closed = self._closed
+            closed = self._closed
+            if not pending and not closed:
+                # Idle: clear, announce, look again, then sleep. An emit that appends
+                # after the second look sees _idle and sets the event, which wait()
+                # then returns at once on; an earlier one is seen by that look.
+                self._wake.clear()
+                self._idle = True
+                if not pending and not self._closed:
+                    self._wake.wait()
+                self._idle = False
+                continue
             if not closed:
                 # Let a batch gather: at most ~100 writes a second, whatever the load.
                 time.sleep(_BATCH_WINDOW)
-            with self._lock:
-                batch, self._pending = self._pending, []
-                done = self._closed and not batch
+            # Only what is there now: popleft() is safe against appends meanwhile.
+            batch = [pending.popleft() for _ in range(len(pending))]
             if batch:
-                data = b"".join(orjson.dumps(r) + b"\n" for r in batch)
+                # OPT_APPEND_NEWLINE: each line in one call, no b"\n" concatenation.
+                data = b"".join([orjson.dumps(r, option=orjson.OPT_APPEND_NEWLINE) for r in batch])
                 try:
                     self._out.write(data)
                     self._out.flush()
                     self.written += len(batch)
                 except OSError:
                     log.exception("audit log write failed; %d records lost", len(batch))
-            if done:
+            if closed:  # _closed was read before this drain: nothing accepted is left
                 return
 
     async def aclose(self) -> None:
@@ -225,9 +254,8 @@ class AuditSink:
         await asyncio.to_thread(self.close)
 
     def close(self) -> None:
-        with self._lock:
-            self._closed = True
-            self._lock.notify()
+        self._closed = True
+        self._wake.set()
         self._thread.join()
         with contextlib.suppress(OSError):
             self._out.close()

@@ -60,8 +60,23 @@ class Metrics:
             "Seconds until the serving certificate in use expires.",
             registry=self.registry,
         )
+        self.connection_limits = Counter(
+            "gpushare_connection_limits",
+            "Connections reset or refused, and requests answered 429, by a serve limit "
+            "(listener: webhook or health; limit: see webhook/service/limits.py).",
+            ["listener", "limit"],
+            registry=self.registry,
+        )
         for result in ("ok", "failed"):
             self.reloads.labels(result=result)
+        # The children of the per-review series by label values, bound to the method
+        # that counts: labels() costs ~1 us a call (a lock, str() of every value, a
+        # lookup) and runs 2+ times a review. The label sets are few (endpoints,
+        # verdicts, modes, rules) and prometheus_client keeps each child for the
+        # registry's life anyway; nothing here removes a child, which would strand it.
+        self._count_request: dict[tuple[str, str, str, str], Callable[[], None]] = {}
+        self._count_violation: dict[tuple[str, str, str, str], Callable[[], None]] = {}
+        self._observe_latency: dict[str, Callable[[float], None]] = {}
 
     def observe(
         self, answer: Answer, *, endpoint: str, latency_s: float, error: str | None
@@ -69,12 +84,23 @@ class Metrics:
         dry_run = "true" if answer.request.get("dryRun") is True else "false"
         decision = answer.decision
         verdict = "error" if error else ("allowed" if decision.allowed else "denied")
-        self.requests.labels(endpoint, verdict, decision.mode, dry_run).inc()
+        key = (endpoint, verdict, decision.mode, dry_run)
+        count = self._count_request.get(key)
+        if count is None:
+            count = self._count_request[key] = self.requests.labels(*key).inc
+        count()
         for violation in decision.violations:
-            self.violations.labels(endpoint, violation["rule"], violation["action"], dry_run).inc()
+            labels = (endpoint, violation["rule"], violation["action"], dry_run)
+            count = self._count_violation.get(labels)
+            if count is None:
+                count = self._count_violation[labels] = self.violations.labels(*labels).inc
+            count()
         if error:
             self.errors.labels(endpoint, "evaluation").inc()
-        self.latency.labels(endpoint).observe(latency_s)
+        observe = self._observe_latency.get(endpoint)
+        if observe is None:
+            observe = self._observe_latency[endpoint] = self.latency.labels(endpoint).observe
+        observe(latency_s)
 
     def reloaded(self, ok: bool) -> None:
         self.reloads.labels(result="ok" if ok else "failed").inc()
