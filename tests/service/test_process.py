@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -62,6 +63,8 @@ class Server:
             cwd=workdir,
             stdout=subprocess.DEVNULL,
             stderr=self.stderr,
+            # Its own process group, so stop() also ends the workers of --workers N.
+            start_new_session=True,
         )
 
     def wait_ready(self, timeout: float = 30) -> None:
@@ -80,9 +83,9 @@ class Server:
         return (self.workdir / "server.err").read_text()
 
     def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
         self.stderr.close()
 
     def context(self) -> ssl.SSLContext:
@@ -193,8 +196,10 @@ async def test_workers_share_the_port(tmp_path: Path) -> None:
     try:
         server.wait_ready()
         pids: set[int] = set()
+        # The second worker may start a moment after the first answers: ask for a while.
+        deadline = time.monotonic() + 20
         async with aiohttp.ClientSession() as plain:
-            for _ in range(200):
+            while time.monotonic() < deadline:
                 # A new connection each time, so the kernel spreads them across workers.
                 async with plain.get(
                     f"http://127.0.0.1:{server.health_port}/readyz",

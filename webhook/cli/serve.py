@@ -43,12 +43,23 @@ def _self_managed(args: argparse.Namespace) -> SelfManagedConfig | None:
 def command_serve(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
     # The server stack is imported here so review and lint start fast.
     from webhook.certs.material import CertificateError
+    from webhook.service.limits import Limits
     from webhook.service.process import LOG_FORMAT, ServerConfig, run
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format=LOG_FORMAT)
     if args.workers < 1:
         raise UsageError("--workers must be at least 1")
     self_managed = _self_managed(args)
+    try:
+        limits = Limits(
+            tls_handshake_timeout=args.tls_handshake_timeout,
+            header_timeout=args.header_timeout,
+            idle_timeout=args.idle_timeout,
+            max_connections=args.max_connections,
+            max_in_flight=args.max_in_flight,
+        )
+    except ValueError as exc:
+        raise UsageError("--" + str(exc).replace("_", "-")) from None
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -63,6 +74,7 @@ def command_serve(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> in
         workers=args.workers,
         sans=args.san,
         self_managed=self_managed,
+        limits=limits,
     )
     try:
         return run(config)
@@ -101,6 +113,56 @@ def register(commands: Commands) -> None:
     )
     serve.add_argument("--workers", type=int, default=1, help="processes sharing the port")
     serve.add_argument("--log-level", default="INFO", choices=["DEBUG", "INFO", "WARNING", "ERROR"])
+    limits = serve.add_argument_group(
+        "connection limits",
+        "per worker process, the HTTPS and the health port each counted on their own; "
+        "a connection over a time or size limit is reset, and counted in "
+        "gpushare_connection_limits_total",
+    )
+    limits.add_argument(
+        "--tls-handshake-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="the TLS handshake must finish this long after the connect (default 5)",
+    )
+    limits.add_argument(
+        "--header-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="a request's headers must be complete this long after the handshake, or after "
+        "the first byte of the next request on a kept-alive connection (default 5; "
+        "the apiserver sends them at once; our webhooks time out after 3 s anyway)",
+    )
+    limits.add_argument(
+        "--idle-timeout",
+        type=float,
+        default=120.0,
+        metavar="SECONDS",
+        help="close a kept-alive connection idle this long (default 120: longer than the "
+        "apiserver's own 90 s, so that it always closes first and never sends a review "
+        "into a connection being closed)",
+    )
+    limits.add_argument(
+        "--max-connections",
+        type=int,
+        default=512,
+        metavar="N",
+        help="open connections to the HTTPS port, handshakes included (default 512; the "
+        "health port takes at most 64); at the cap a new connection evicts the one waiting "
+        "longest without a request in progress, and is refused only when every connection "
+        "has one",
+    )
+    limits.add_argument(
+        "--max-in-flight",
+        type=int,
+        default=16,
+        metavar="N",
+        help="requests in progress (default 16); over it, a request whose body is still "
+        "arriving is answered 429 with Retry-After: 1, which the apiserver retries within "
+        "its timeout; a request whose body is complete is always answered",
+    )
     managed = serve.add_argument_group(
         "self-managed certificates",
         "keep a CA and serving certificate in a Secret, renew them and write the caBundle "

@@ -25,7 +25,17 @@ from opentelemetry.sdk.trace import TracerProvider
 from webhook.certs.contexts import CertificateReloader
 from webhook.certs.files import ensure_dev_certificates
 from webhook.certs.material import CertificateError, CertPaths
+from webhook.service import loop as serving_loop
 from webhook.service.audit import AuditSink
+from webhook.service.limits import (
+    HEALTH_MAX_CONNECTIONS,
+    LIMIT_NAMES,
+    ConnectionGate,
+    HeapTrimmer,
+    LimitedSite,
+    Limits,
+    tune_malloc,
+)
 from webhook.service.metrics import Metrics
 from webhook.service.server import ServiceState, create_app, create_health_app
 from webhook.service.store import PolicyStore
@@ -38,6 +48,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 LOG_FORMAT: Final = "%(asctime)s %(levelname)s %(name)s %(message)s"
+LISTEN_BACKLOG: Final = 1024
 
 
 @dataclass(slots=True)
@@ -59,6 +70,8 @@ class ServerConfig:
     policy_poll_interval: float = 1.0
     cert_poll_interval: float = 10.0
     reuse_port: bool = False
+    # Handshake, header, idle and connection/request caps, per listener and process.
+    limits: Limits = field(default_factory=Limits)
     # Certificates from a Secret the webhook keeps itself, written to cert_dir.
     self_managed: SelfManagedConfig | None = None
 
@@ -70,7 +83,7 @@ def _listen(host: str, port: int, *, reuse_port: bool) -> socket.socket:
     if reuse_port:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
-    sock.listen(1024)
+    sock.listen(LISTEN_BACKLOG)
     sock.setblocking(False)
     return sock
 
@@ -90,6 +103,8 @@ class Service:
     metrics: Metrics
     shutdown_timeout: float
     tracer_provider: TracerProvider | None = None
+    gates: list[ConnectionGate] = field(default_factory=list)
+    trimmer: HeapTrimmer | None = None
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush the audit log."""
@@ -110,6 +125,11 @@ class Service:
                 await task
         await self.runner.cleanup()
         await self.health_runner.cleanup()
+        # Connections aiohttp does not know yet (mid-handshake, or refused) go too.
+        for gate in self.gates:
+            gate.close()
+        if self.trimmer is not None:
+            self.trimmer.cancel()
         await self.sink.aclose()
         if self.tracer_provider is not None:
             await asyncio.to_thread(self.tracer_provider.shutdown)
@@ -144,13 +164,34 @@ async def start(
         app, access_log=None, shutdown_timeout=config.shutdown_timeout, handle_signals=False
     )
     await runner.setup()
+
+    def on_limit(listener: str, limit: str) -> None:
+        metrics.connection_limits.labels(listener, limit).inc()
+
+    for listener in ("webhook", "health"):  # zeros from the start, for rate()
+        for limit in LIMIT_NAMES:
+            metrics.connection_limits.labels(listener, limit)
+
+    trimmer = HeapTrimmer()
+    gate = ConnectionGate("webhook", config.limits, on_limit=on_limit, trimmer=trimmer)
+    # Probes and scrapes answer at once: only the connection limits apply there, with
+    # a cap of their own, so neither port can crowd out the other.
+    health_limits = replace(
+        config.limits,
+        max_connections=min(config.limits.max_connections, HEALTH_MAX_CONNECTIONS),
+    )
+    health_gate = ConnectionGate(
+        "health", health_limits, cap_in_flight=False, on_limit=on_limit, trimmer=trimmer
+    )
     sock = _listen(config.host, config.port, reuse_port=config.reuse_port)
-    await web.SockSite(runner, sock, ssl_context=ssl_context).start()
+    await LimitedSite(
+        runner, sock, gate=gate, ssl_context=ssl_context, backlog=LISTEN_BACKLOG
+    ).start()
     health = create_health_app(state=state, metrics=metrics, store=store)
     health_runner = web.AppRunner(health, access_log=None, handle_signals=False)
     await health_runner.setup()
     health_sock = _listen(config.host, config.health_port, reuse_port=config.reuse_port)
-    await web.SockSite(health_runner, health_sock).start()
+    await LimitedSite(health_runner, health_sock, gate=health_gate, backlog=LISTEN_BACKLOG).start()
     tasks = [asyncio.create_task(store.watch(config.policy_poll_interval))]
     tasks.extend(asyncio.create_task(coro) for coro in extra_tasks or [])
     state.ready = True
@@ -166,6 +207,8 @@ async def start(
         metrics=metrics,
         shutdown_timeout=config.shutdown_timeout,
         tracer_provider=tracing[1] if tracing else None,
+        gates=[gate, health_gate],
+        trimmer=trimmer,
     )
 
 
@@ -221,7 +264,8 @@ def tls_for(config: ServerConfig) -> CertificateReloader:
 def _serve_process(config: ServerConfig, manage_certificates: bool = True) -> None:
     """One serving process; with ``manage_certificates`` it also runs the self-managed
     certificate loop (in one process of a pod only)."""
-    asyncio.run(_serve(config, manage_certificates=manage_certificates))
+    tune_malloc()
+    serving_loop.run(_serve(config, manage_certificates=manage_certificates))
 
 
 def _worker(config: ServerConfig, manage_certificates: bool, log_level: int) -> None:
