@@ -344,6 +344,8 @@ def test_webhook_sees_everything_the_core_acts_on(
         max_examples=EXAMPLES,
         deadline=None,
         database=None,
+        # The same examples every run: the coverage thresholds below must not hang on a seed.
+        derandomize=True,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
     @given(st.one_of(objects(), attacked_objects(), gpu_free_objects()))
@@ -564,6 +566,8 @@ def test_webhook_sees_every_pod_update_the_core_acts_on(
         max_examples=UPDATE_EXAMPLES,
         deadline=None,
         database=None,
+        # The same examples every run: the coverage thresholds below must not hang on a seed.
+        derandomize=True,
         suppress_health_check=[HealthCheck.too_slow],
     )
     @given(
@@ -618,15 +622,22 @@ def test_webhook_sees_every_pod_update_the_core_acts_on(
     assert counts["skipped"] >= UPDATE_EXAMPLES // 20, counts
 
 
-def updates_of(cluster: DevCluster, namespace: str, name: str) -> int:
+def updates_of(cluster: DevCluster, namespace: str, name: str) -> dict[str, int]:
+    """The webhook's update answers for a pod: the scheduler's, the tenant's by verdict."""
     assert cluster.webhook is not None
-    count = 0
+    counts = {"scheduler": 0, "tenant-refused": 0, "tenant-allowed": 0}
     for line in cluster.webhook.audit_log.read_bytes().splitlines():
         record = orjson.loads(line)
         ref = record.get("objectRef") or {}
-        if ref.get("namespace") == namespace and ref.get("name") == name:
-            count += record.get("verb") == "update"
-    return count
+        if ref.get("namespace") != namespace or ref.get("name") != name:
+            continue
+        if record.get("verb") != "update":
+            continue
+        if record["user"]["username"].endswith(":hami-scheduler"):
+            counts["scheduler"] += 1
+        else:
+            counts["tenant-allowed" if record["allowed"] else "tenant-refused"] += 1
+    return counts
 
 
 def test_pod_updates_reach_the_webhook_when_they_touch_what_the_rules_read(
@@ -661,8 +672,13 @@ def test_pod_updates_reach_the_webhook_when_they_touch_what_the_rules_read(
     assert answer.status == 403 and "forged-allocation" in answer.body["message"], answer.body
     assert api.create("Pod", namespace, gpu_pod("sentinel")).status == 201
     admitted_names(cluster, namespace, sentinel="sentinel")
-    # The forged, CDI, scheduler's and removing updates; not the label change.
-    assert updates_of(cluster, namespace, "plain") == 4
+    # The forged, CDI and removing updates were refused and the scheduler's admitted;
+    # the label change never came (the apiserver may retry an update on a conflict, so
+    # each is counted at least once, and the label change is the only allowed tenant one).
+    updates = updates_of(cluster, namespace, "plain")
+    assert updates["tenant-refused"] >= 3, updates
+    assert updates["scheduler"] >= 1, updates
+    assert updates["tenant-allowed"] == 0, updates
 
 
 def test_webhook_down_admits_plain_objects_and_refuses_gpu_pods(

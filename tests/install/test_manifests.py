@@ -27,7 +27,7 @@ import webhook
 from tests.paths import ROOT
 from webhook.cli import build_parser, main
 from webhook.core.workload import TEMPLATE_PATHS
-from webhook.install import manifests
+from webhook.install import celpolicy, manifests
 from webhook.install.manifests import ManifestError, Obj
 from webhook.policies import load_policy
 
@@ -98,6 +98,11 @@ def test_default_install_objects() -> None:
         ("Service", "gpushare-webhook"),
         ("Deployment", "gpushare-webhook"),
         ("PodDisruptionBudget", "gpushare-webhook"),
+        *[
+            (kind, f"gpushare-{rule}")
+            for kind in celpolicy.KINDS
+            for rule in sorted(celpolicy.RULES)
+        ],
         ("MutatingWebhookConfiguration", "gpushare-webhook"),
         ("ValidatingWebhookConfiguration", "gpushare-webhook"),
     ]
@@ -123,6 +128,7 @@ def test_namespaced_objects_live_in_the_install_namespace(overlay: str) -> None:
             "ClusterRole",
             "ClusterRoleBinding",
             *manifests.WEBHOOK_KINDS,
+            *celpolicy.KINDS,
         }:
             assert "namespace" not in obj["metadata"], obj["kind"]
         else:

@@ -8,12 +8,14 @@ from pathlib import Path
 from typing import Final, TextIO
 
 from webhook.cli.common import Commands
+from webhook.install.celpolicy import validating_policies
 from webhook.install.manifests import (
     BASE_NAMESPACE,
     DEFAULT_OVERLAY,
     OVERLAYS,
     ManifestError,
     render,
+    set_namespace,
     to_yaml,
 )
 from webhook.install.scope import match_conditions
@@ -36,7 +38,13 @@ so only objects the policy can act on reach the webhook (plain pods never do).
 --policy FILE installs that policy: its text goes into the gpushare-policy
 ConfigMap and both webhooks are scoped to it, so the two agree.
 --print-match-conditions prints only the conditions (of --policy FILE, or of the
-bundled default policy), e.g. to patch them into an overlay of your own."""
+bundled default policy), e.g. to patch them into an overlay of your own.
+
+CEL rules: the install also carries a ValidatingAdmissionPolicy and binding per deny
+rule CEL can express (privileged-gpu, node-name-pinning, raw-visible-devices,
+limit-tampering's env switches, forged-allocation), evaluated by the apiserver itself.
+--only cel prints just these (of --policy FILE, in --namespace's scope), for clusters
+that want no webhook in the validation path at all; the other rules then go unchecked."""
 
 
 def register(commands: Commands) -> None:
@@ -66,6 +74,11 @@ def register(commands: Commands) -> None:
         action="store_true",
         help="print only the matchConditions (YAML) of the policy and exit",
     )
+    parser.add_argument(
+        "--only",
+        choices=("cel",),
+        help="print only these objects: cel = the ValidatingAdmissionPolicies and bindings",
+    )
     parser.set_defaults(handler=command_manifests)
 
 
@@ -86,6 +99,15 @@ def command_manifests(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -
     if args.print_match_conditions:
         conditions = [dict(c) for c in match_conditions(policy)]
         stdout.write(to_yaml([{"matchConditions": conditions}]))
+        return 0
+    if args.only == "cel":
+        cel = validating_policies(policy)
+        try:
+            set_namespace(cel, args.namespace)
+        except ManifestError as exc:
+            sys.stderr.write(f"gpushare-webhook: {exc}\n")
+            return 2
+        stdout.write(to_yaml(cel))
         return 0
     try:
         ca_bundle = None

@@ -391,6 +391,25 @@ class DevCluster:
                 else:
                     api.delete_validating_webhook_configuration(name)
 
+    def register_cel_policies(self, objects: Sequence[dict[str, Any]] | None = None) -> None:
+        """Create the CEL rules' ValidatingAdmissionPolicies and bindings (``objects``,
+        default: those of the policy file the webhook serves). They hold without the
+        webhook; the apiserver loads them within a second or two."""
+        from kubernetes import client
+
+        from webhook.install.manifests import cel_policies
+        from webhook.policies import load_policy
+
+        if objects is None:
+            objects = cel_policies(load_policy(self.policy))
+        # The client takes plain dicts at run time; its stubs only know its models.
+        api: Any = client.AdmissionregistrationV1Api(self.api_client())
+        for obj in objects:
+            if obj["kind"] == "ValidatingAdmissionPolicy":
+                api.create_validating_admission_policy(obj)
+            else:
+                api.create_validating_admission_policy_binding(obj)
+
     def create_namespace(self, name: str) -> None:
         """A namespace with its default ServiceAccount (no controller-manager runs here)."""
         from kubernetes import client
@@ -471,6 +490,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--kubeconfig", required=True, help="where to write the kubeconfig")
     parser.add_argument("--policy", help="policy file (default: policies/default.yaml)")
     parser.add_argument("--bin-dir", help="kube-apiserver/etcd directory (default: build them)")
+    parser.add_argument(
+        "--cel-policies",
+        action="store_true",
+        help="also create the CEL rules' ValidatingAdmissionPolicies (what the install applies)",
+    )
     args = parser.parse_args(argv)
     policy_source = (
         Path(args.policy) if args.policy else REPO / "webhook" / "policies" / "default.yaml"
@@ -489,6 +513,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         policy.write_bytes(policy_source.read_bytes())
         bin_dir = find_binaries(args.bin_dir)
         with running(bin_dir=bin_dir, policy=policy, workdir=workdir) as cluster:
+            if args.cel_policies:
+                cluster.register_cel_policies()
             cluster.write_kubeconfig(Path(args.kubeconfig))
             print(
                 f"ready: kube-apiserver {cluster.server}, webhook {cluster.webhook.url if cluster.webhook else ''}, "

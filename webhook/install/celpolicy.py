@@ -1,0 +1,556 @@
+"""The deny rules CEL can express, as ValidatingAdmissionPolicies: no webhook needed.
+
+For clusters that want no webhook in the validation path at all (or a second line
+behind it): the apiserver itself evaluates these policies, so they hold while the
+webhook is down, unregistered or not installed. They are rendered from a compiled
+:class:`~webhook.core.policy.Policy`, one ``ValidatingAdmissionPolicy`` and one
+``ValidatingAdmissionPolicyBinding`` per rule, because ``validationActions`` belong to
+a binding: the rule's action maps to them (deny -> Deny, warn -> Warn, audit -> Audit;
+a rule that is off is not rendered). Each validation's message starts with the rule id
+in brackets, as the webhook's denials do (``[privileged-gpu] ...``).
+
+Rendered (each equals the decision core's verdict on the objects the apiserver admits;
+tests/e2e/test_celpolicy.py compares the two on generated objects):
+
+- privileged-gpu: a GPU pod (or template) with any privileged container, init or
+  ephemeral container.
+- node-name-pinning: a GPU pod created with spec.nodeName (or a template with one).
+- raw-visible-devices: NVIDIA_VISIBLE_DEVICES from valueFrom, or a value other than
+  void/none/empty (case and surrounding space ignored).
+- limit-tampering (its env switches only): CUDA_DISABLE_CONTROL truthy,
+  GPU_CORE_UTILIZATION_POLICY=disable (unless the policy allows it), CUDA_REDIRECT
+  non-empty, ACTIVE_OOM_KILLER false/0, any of them from valueFrom or with $(VAR), in a
+  GPU pod. Limits above the request stay the webhook's (they need the parsed request).
+- scheduler-bypass: a GPU-sharing pod (or template) in mode vgpu or mps naming a
+  scheduler other than the policy's, default-scheduler, empty or an allowed one; the
+  mode is chosen as the core chooses it (mode annotations, node selectors, MIG
+  resources, the namespace's mode, the default).
+- forged-allocation: a reserved annotation on a created pod or template; on a pod
+  UPDATE, a reserved annotation added, changed or removed. The policy's
+  reservedAnnotationWriters are matched on ``request.userInfo``.
+
+Left to the webhook: host-device-access (the core compares paths after resolving
+``//``, ``.`` and ``..``, which CEL cannot do: a literal-prefix check would miss odd
+spellings, and a verdict that differs from the core's is not rendered), invalid-gpu-request,
+gpu-quota and mode-conflict (they need quantities parsed and compared),
+unmutated-gpu-pod (without the mutating webhook every sharing pod
+would lack its settings: it only makes sense beside the webhook).
+
+Scope as the webhooks': pods (CREATE, UPDATE) and the workload kinds (CREATE, UPDATE),
+namespaces other than kube-system and the install's; the policy's exemptions
+(namespaces, users, groups, service accounts) are matchConditions. On a pod UPDATE a
+rule refuses only what the old object did not already break, as the core judges an
+update by what it adds.
+
+Pure: a policy in, a list of objects out. CEL sees the objects without assuming any
+field: each one is guarded by ``has()`` before it is read.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, Final
+
+from webhook.core.policy import Action, Identities, Policy
+from webhook.core.resources import CONTAINER_KINDS
+from webhook.core.workload import TEMPLATE_PATHS
+from webhook.install.scope import literal
+
+Obj = dict[str, Any]
+
+API_VERSION: Final = "admissionregistration.k8s.io/v1"
+POLICY_KIND: Final = "ValidatingAdmissionPolicy"
+BINDING_KIND: Final = "ValidatingAdmissionPolicyBinding"
+KINDS: Final = (POLICY_KIND, BINDING_KIND)
+NAME_PREFIX: Final = "gpushare-"
+SYSTEM_NAMESPACES: Final = ("kube-system", "gpushare-system")
+LABELS: Final = {
+    "app.kubernetes.io/name": "gpushare-webhook",
+    "app.kubernetes.io/part-of": "gpushare",
+}
+VALIDATION_ACTIONS: Final[Mapping[Action, list[str]]] = {
+    "deny": ["Deny"],
+    "warn": ["Warn"],
+    "audit": ["Audit"],
+}
+
+_SERVICE_ACCOUNT: Final = "system:serviceaccount:"
+_TRUTHY: Final = ("1", "true", "yes", "on", "y", "t")
+_FALSY: Final = ("0", "false")
+_HARMLESS_VISIBLE_DEVICES: Final = ("void", "none", "")
+_RESOURCE_RULES: Final = (
+    ("", "replicationcontrollers"),
+    ("apps", "deployments"),
+    ("apps", "statefulsets"),
+    ("apps", "daemonsets"),
+    ("apps", "replicasets"),
+    ("batch", "jobs"),
+    ("batch", "cronjobs"),
+)
+
+
+# What Python's str.strip() drops (str.isspace()), which the core strips from env and
+# annotation values. CEL's trim() keeps \x1c-\x1f, so values are matched with this class
+# around the words instead of trimmed.
+_SPACE: Final = (
+    "[" + "".join(f"\\x{{{code:x}}}" for code in range(0x3001) if chr(code).isspace()) + "]"
+)
+
+
+def _stripped_in(value: str, words: Iterable[str]) -> str:
+    """``value.strip().lower() in words`` (ASCII case: no other letter lowers to one of
+    the words, all ASCII letters, digits and dashes)."""
+    alternatives = "|".join("".join(c if c.isalnum() else "\\" + c for c in w) for w in words)
+    regex = f"^{_SPACE}*(?:{alternatives}){_SPACE}*$"
+    return f"{value}.lowerAscii().matches({literal(regex)})"
+
+
+def _list(items: Iterable[str]) -> str:
+    return "[" + ", ".join(literal(item) for item in items) + "]"
+
+
+# --------------------------------------------------------------------------- globs
+
+
+def glob_regex(pattern: str) -> str:
+    """An RE2 regular expression (anchored) that matches what fnmatch's ``pattern`` matches.
+
+    ``*`` any text, ``?`` one character, ``[...]`` a set (``[!...]`` negated); a ``[``
+    without its ``]`` is literal, as in fnmatch.
+    """
+    out: list[str] = []
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        i += 1
+        if c == "*":
+            out.append(".*")
+        elif c == "?":
+            out.append(".")
+        elif c == "[":
+            j = i
+            if j < n and pattern[j] == "!":
+                j += 1
+            if j < n and pattern[j] == "]":
+                j += 1
+            while j < n and pattern[j] != "]":
+                j += 1
+            if j >= n:
+                out.append(r"\[")
+                continue
+            body = pattern[i:j]
+            i = j + 1
+            negate = body.startswith("!")
+            if negate:
+                body = body[1:]
+            out.append(_glob_set(body, negate=negate))
+        else:
+            out.append("\\" + c if not (c.isalnum() or c == "_") and c.isascii() else c)
+    return "(?s)^" + "".join(out) + "$"
+
+
+def _glob_set(body: str, *, negate: bool) -> str:
+    """A fnmatch set ``[body]`` as an RE2 class: ``a-z`` ranges (a reversed one matches
+    nothing, as fnmatch drops it), every other character literal."""
+    items: list[str] = []
+    k = 0
+    while k < len(body):
+        if k + 2 < len(body) and body[k + 1] == "-":
+            low, high = ord(body[k]), ord(body[k + 2])
+            if low <= high:
+                items.append(f"\\x{{{low:x}}}-\\x{{{high:x}}}")
+            k += 3
+        else:
+            items.append(f"\\x{{{ord(body[k]):x}}}")
+            k += 1
+    if not items:
+        # Nothing in the set: a negated one matches any character, else none does.
+        return "." if negate else "[^\\x{0}-\\x{10ffff}]"
+    return ("[^" if negate else "[") + "".join(items) + "]"
+
+
+def _glob_test(value: str, patterns: Iterable[str]) -> str:
+    """``value`` (a CEL string) matches one of ``patterns`` as the core's match_any does."""
+    exact = sorted({p for p in patterns if not any(ch in p for ch in "*?[")})
+    globs = sorted({p for p in patterns if any(ch in p for ch in "*?[")})
+    terms = []
+    if exact:
+        terms.append(f"{value} in {_list(exact)}")
+    terms.extend(f"{value}.matches({literal(glob_regex(p))})" for p in globs)
+    return " || ".join(terms) or "false"
+
+
+def identity_test(identities: Identities) -> str:
+    """The request comes from one of ``identities`` (as ``Identities.match``)."""
+    user = "request.userInfo.username"
+    terms = []
+    if identities.users:
+        terms.append(f"{user} in {_list(sorted(identities.users))}")
+    if identities.groups:
+        terms.append(
+            "has(request.userInfo.groups) && request.userInfo.groups.exists(g, "
+            f"g in {_list(sorted(identities.groups))})"
+        )
+    if identities.service_accounts:
+        account = f"{user}.substring({len(_SERVICE_ACCOUNT)}).replace(':', '/', 1)"
+        terms.append(
+            f"{user}.startsWith({literal(_SERVICE_ACCOUNT)}) && "
+            f"({_glob_test(account, identities.service_accounts)})"
+        )
+    return " || ".join(f"({t})" for t in terms) or "false"
+
+
+# ------------------------------------------------------------------------ variables
+
+
+def _get(root: str, path: Iterable[str]) -> str:
+    """``root.<path>`` when every step exists, else an empty map."""
+    guards = []
+    node = root
+    for part in path:
+        node = f"{node}.{part}"
+        guards.append(f"has({node})")
+    return f"({' && '.join(guards)} ? {node} : {{}})"
+
+
+def _template(root: str, leaf: str) -> str:
+    """``leaf`` (spec or metadata) of the pod or pod template in ``root`` by kind."""
+    expression = "{}"
+    by_path: dict[tuple[str, ...], list[str]] = {}
+    for kind, path in TEMPLATE_PATHS.items():
+        by_path.setdefault(tuple(path), []).append(kind)
+    for path, kinds in sorted(by_path.items(), key=lambda item: -len(item[0])):
+        expression = (
+            f"request.kind.kind in {_list(kinds)} ? {_get(root, (*path, leaf))} : {expression}"
+        )
+    return f"request.kind.kind == 'Pod' ? {_get(root, (leaf,))} : {expression}"
+
+
+def _containers(spec: str) -> str:
+    return " + ".join(f"(has({spec}.{kind}) ? {spec}.{kind} : [])" for kind in CONTAINER_KINDS)
+
+
+def _requests(containers: str, test: str) -> str:
+    """A container asks for a resource ``r`` (in limits or requests) that passes ``test``."""
+    return (
+        f"{containers}.exists(c, has(c.resources) && ("
+        f"(has(c.resources.limits) && c.resources.limits.exists(r, {test})) || "
+        f"(has(c.resources.requests) && c.resources.requests.exists(r, {test}))))"
+    )
+
+
+def _mig_test(policy: Policy) -> str:
+    prefixes = sorted(set(policy.mig_prefixes))
+    return " || ".join(f"r.startsWith({literal(p)})" for p in prefixes) or "false"
+
+
+def _gpu(policy: Policy, containers: str) -> str:
+    """Any GPU request (``PodRequests.gpu``): a resource of the policy or a MIG one."""
+    listed = f"r in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else "false"
+    return _requests(containers, f"{listed} || {_mig_test(policy)}")
+
+
+def _sharing(policy: Policy, containers: str) -> str:
+    """A shared GPU (``PodRequests.sharing``): a resource of the policy that is not MIG."""
+    listed = f"r in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else "false"
+    return _requests(containers, f"({listed}) && !({_mig_test(policy)})")
+
+
+def _mig(policy: Policy, containers: str) -> str:
+    """A MIG instance (``PodRequests.mig``)."""
+    return _requests(containers, _mig_test(policy))
+
+
+# Mode annotation values and the mode each means (webhook.core.mode).
+MODE_ALIASES: Final[Mapping[str, str]] = {
+    "vgpu": "vgpu",
+    "hami-core": "vgpu",
+    "mps": "mps",
+    "mig": "mig",
+    "none": "none",
+}
+
+
+def _mode(policy: Policy) -> str:
+    """The pod's mode as :func:`webhook.core.mode.choose_mode` picks it: the first mode
+    annotation with a mode as its value, the first node selector of a mode, MIG
+    resources, the namespace's mode, the policy's default."""
+    words: dict[str, list[str]] = {}
+    for word, meaning in MODE_ALIASES.items():
+        words.setdefault(meaning, []).append(word)
+    steps: list[tuple[str, str]] = []
+    ann = "variables.annotations"
+    for key in policy.mode_annotations:
+        value = f"string({ann}[{literal(key)}])"
+        for meaning, spelled in words.items():
+            steps.append(
+                (f"{literal(key)} in {ann} && {_stripped_in(value, spelled)}", literal(meaning))
+            )
+    selector = "(has(variables.spec.nodeSelector) ? variables.spec.nodeSelector : {})"
+    for s in policy.node_selector_modes:
+        steps.append(
+            (
+                f"{literal(s.key)} in {selector} && "
+                f"string({selector}[{literal(s.key)}]) == {literal(s.value)}",
+                literal(s.mode),
+            )
+        )
+    steps.append(("variables.mig", "'mig'"))
+    for mode, namespaces in policy.namespace_modes.items():
+        steps.append((f"request.namespace in {_list(namespaces)}", literal(mode)))
+    expression = literal(policy.default_mode)
+    for condition, mode in reversed(steps):
+        expression = f"({condition}) ? {mode} : ({expression})"
+    return expression
+
+
+def _annotations(meta: str) -> str:
+    return f"(has({meta}.annotations) ? {meta}.annotations : {{}})"
+
+
+def variables(policy: Policy) -> list[Obj]:
+    """The pod spec, metadata, containers and GPU request of the object and the old one."""
+    pod_update = "request.kind.kind == 'Pod' && request.operation == 'UPDATE' && oldObject != null"
+    return [
+        {"name": "spec", "expression": _template("object", "spec")},
+        {"name": "meta", "expression": _template("object", "metadata")},
+        {"name": "containers", "expression": _containers("variables.spec")},
+        {"name": "gpu", "expression": _gpu(policy, "variables.containers")},
+        {
+            "name": "created",
+            "expression": "request.kind.kind != 'Pod' || request.operation == 'CREATE'",
+        },
+        {"name": "podUpdate", "expression": pod_update},
+        {"name": "oldSpec", "expression": f"{pod_update} ? {_get('oldObject', ('spec',))} : {{}}"},
+        {
+            "name": "oldMeta",
+            "expression": f"{pod_update} ? {_get('oldObject', ('metadata',))} : {{}}",
+        },
+        {"name": "oldContainers", "expression": _containers("variables.oldSpec")},
+        {"name": "oldGpu", "expression": _gpu(policy, "variables.oldContainers")},
+        {"name": "annotations", "expression": _annotations("variables.meta")},
+        {"name": "oldAnnotations", "expression": _annotations("variables.oldMeta")},
+        {"name": "sharing", "expression": _sharing(policy, "variables.containers")},
+        {"name": "mig", "expression": _mig(policy, "variables.containers")},
+        {"name": "mode", "expression": _mode(policy)},
+    ]
+
+
+# ---------------------------------------------------------------------------- rules
+
+# A rule's test of one pod: (containers, gpu, spec) CEL names in, "it breaks" out.
+PodTest = Callable[[str, str, str], str]
+
+
+def _value(entry: str) -> str:
+    return f"(has({entry}.value) ? {entry}.value : '')"
+
+
+def _opaque(entry: str) -> str:
+    """From valueFrom or with $(VAR): the kubelet decides the value."""
+    return f"has({entry}.valueFrom) || {_value(entry)}.contains('$(')"
+
+
+def _env_exists(containers: str, test: str) -> str:
+    return f"{containers}.exists(c, has(c.env) && c.env.exists(e, has(e.name) && ({test})))"
+
+
+def _privileged(containers: str, gpu: str, spec: str) -> str:
+    return (
+        f"{gpu} && {containers}.exists(c, has(c.securityContext) && "
+        "has(c.securityContext.privileged) && c.securityContext.privileged == true)"
+    )
+
+
+def _node_name(containers: str, gpu: str, spec: str) -> str:
+    return f"variables.created && {gpu} && has({spec}.nodeName) && {spec}.nodeName != ''"
+
+
+def _visible_devices(containers: str, gpu: str, spec: str) -> str:
+    harmless = _stripped_in(_value("e"), _HARMLESS_VISIBLE_DEVICES)
+    return _env_exists(
+        containers,
+        f"e.name == 'NVIDIA_VISIBLE_DEVICES' && (has(e.valueFrom) || !({harmless}))",
+    )
+
+
+def _switches(policy: Policy) -> PodTest:
+    def test(containers: str, gpu: str, spec: str) -> str:
+        value = _value("e")
+        opaque = _opaque("e")
+        terms = [
+            f"e.name == 'CUDA_DISABLE_CONTROL' && ({opaque} || {_stripped_in(value, _TRUTHY)})",
+            f"e.name == 'CUDA_REDIRECT' && ({opaque} || {value} != '')",
+            f"e.name == 'ACTIVE_OOM_KILLER' && ({opaque} || {_stripped_in(value, _FALSY)})",
+        ]
+        if not policy.allow_disable_core_utilization_policy:
+            disable = _stripped_in(value, ("disable",))
+            terms.insert(1, f"e.name == 'GPU_CORE_UTILIZATION_POLICY' && ({opaque} || {disable})")
+        return f"{gpu} && " + _env_exists(containers, " || ".join(f"({t})" for t in terms))
+
+    return test
+
+
+# The message of each rule after its bracketed id (what to change, as the webhook says).
+MESSAGES: Final[Mapping[str, str]] = {
+    "privileged-gpu": "a privileged container in a GPU pod sees every GPU; "
+    "remove securityContext.privileged",
+    "node-name-pinning": "spec.nodeName skips GPU scheduling; use nodeSelector or affinity instead",
+    "raw-visible-devices": "NVIDIA_VISIBLE_DEVICES set by hand (or from valueFrom); "
+    "remove it, request GPUs in resources.limits",
+    "limit-tampering": "an env switch (CUDA_DISABLE_CONTROL, GPU_CORE_UTILIZATION_POLICY, "
+    "CUDA_REDIRECT, ACTIVE_OOM_KILLER) turns GPU limits off or loosens them; remove it",
+    "scheduler-bypass": "a GPU-sharing pod names a scheduler that skips GPU accounting; "
+    "remove spec.schedulerName",
+    "forged-allocation": "annotations reserved to the GPU scheduler and device plugin were "
+    "written, changed or removed; remove them",
+}
+
+
+def _pod_rule(test: PodTest) -> str:
+    """``test`` of the object; on a pod UPDATE only when the old pod passed it."""
+    new = test("variables.containers", "variables.gpu", "variables.spec")
+    old = test("variables.oldContainers", "variables.oldGpu", "variables.oldSpec")
+    return f"!(({new}) && !(variables.podUpdate && ({old})))"
+
+
+def _scheduler(policy: Policy) -> str:
+    allowed = _list(
+        sorted({"", "default-scheduler", policy.scheduler_name, *policy.allowed_schedulers})
+    )
+    return (
+        "!(variables.created && variables.mode in ['vgpu', 'mps'] && variables.sharing && "
+        f"has(variables.spec.schedulerName) && !(variables.spec.schedulerName in {allowed}))"
+    )
+
+
+def _reserved(policy: Policy, key: str) -> str:
+    return _glob_test(key, policy.reserved_annotations) if policy.reserved_annotations else "false"
+
+
+def _forged(policy: Policy) -> str:
+    reserved = _reserved(policy, "k")
+    created = f"variables.created && variables.annotations.exists(k, {reserved})"
+    new, old = "variables.annotations", "variables.oldAnnotations"
+    updated = (
+        "variables.podUpdate && ("
+        f"{new}.exists(k, ({reserved}) && !(k in {old} && {old}[k] == {new}[k])) || "
+        f"{old}.exists(k, ({reserved}) && !(k in {new})))"
+    )
+    writer = identity_test(policy.reserved_writers)
+    return f"({writer}) || !(({created}) || ({updated}))"
+
+
+def rule_expressions(policy: Policy) -> dict[str, str]:
+    """Each rendered rule's validation expression (true: admitted), in RULE_IDS order."""
+    return {
+        "privileged-gpu": _pod_rule(_privileged),
+        "node-name-pinning": _pod_rule(_node_name),
+        "raw-visible-devices": _pod_rule(_visible_devices),
+        "limit-tampering": _pod_rule(_switches(policy)),
+        "scheduler-bypass": _scheduler(policy),
+        "forged-allocation": _forged(policy),
+    }
+
+
+RULES: Final = tuple(MESSAGES)
+
+
+# ---------------------------------------------------------------------------- objects
+
+
+def match_conditions(policy: Policy) -> list[Obj]:
+    """The policy's exemptions: an exempt namespace or identity is not judged."""
+    conditions = []
+    if policy.exempt_namespaces:
+        conditions.append(
+            {
+                "name": "gpushare.io/namespace-not-exempt",
+                "expression": f"!({_glob_test('request.namespace', policy.exempt_namespaces)})",
+            }
+        )
+    exempt = policy.exempt
+    if exempt.users or exempt.groups or exempt.service_accounts:
+        conditions.append(
+            {"name": "gpushare.io/user-not-exempt", "expression": f"!({identity_test(exempt)})"}
+        )
+    return conditions
+
+
+def match_constraints(namespace: str = SYSTEM_NAMESPACES[1]) -> Obj:
+    rules: list[Obj] = [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            # kubectl debug adds ephemeral containers through the subresource.
+            "resources": ["pods", "pods/ephemeralcontainers"],
+            "operations": ["CREATE", "UPDATE"],
+            "scope": "Namespaced",
+        }
+    ]
+    for group, resource in _RESOURCE_RULES:
+        rules.append(
+            {
+                "apiGroups": [group],
+                "apiVersions": ["v1"],
+                "resources": [resource],
+                "operations": ["CREATE", "UPDATE"],
+                "scope": "Namespaced",
+            }
+        )
+    return {
+        "matchPolicy": "Equivalent",
+        "namespaceSelector": {
+            "matchExpressions": [
+                {
+                    "key": "kubernetes.io/metadata.name",
+                    "operator": "NotIn",
+                    "values": [SYSTEM_NAMESPACES[0], namespace],
+                }
+            ]
+        },
+        "resourceRules": rules,
+    }
+
+
+def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]) -> list[Obj]:
+    """Per rendered rule that is not off: its ValidatingAdmissionPolicy and binding."""
+    objects: list[Obj] = []
+    shared = variables(policy)
+    conditions = match_conditions(policy)
+    for rule, expression in rule_expressions(policy).items():
+        action = policy.action(rule)
+        if action == "off":
+            continue
+        name = NAME_PREFIX + rule
+        spec: Obj = {
+            "failurePolicy": "Fail",
+            "matchConstraints": match_constraints(namespace),
+        }
+        if conditions:
+            spec["matchConditions"] = [dict(c) for c in conditions]
+        spec["variables"] = [dict(v) for v in shared]
+        spec["validations"] = [
+            {
+                "expression": expression,
+                "message": f"[{rule}] {MESSAGES[rule]}",
+                "reason": "Forbidden",
+            }
+        ]
+        metadata = {"name": name, "labels": dict(LABELS)}
+        objects.append(
+            {"apiVersion": API_VERSION, "kind": POLICY_KIND, "metadata": metadata, "spec": spec}
+        )
+        objects.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": BINDING_KIND,
+                "metadata": {"name": name, "labels": dict(LABELS)},
+                "spec": {
+                    "policyName": name,
+                    "validationActions": list(VALIDATION_ACTIONS[action]),
+                    "matchResources": match_constraints(namespace),
+                },
+            }
+        )
+    return objects
