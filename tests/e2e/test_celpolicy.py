@@ -17,11 +17,11 @@ from typing import Any, Final
 
 import orjson
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.core.strategies import IDENTITIES, apply_update, attacked_objects, objects, pod_updates
-from tests.e2e.test_scope import COLLECTIONS, Api, Sent, _stored_pod, gpu_pod, sendable
+from tests.e2e.rest import COLLECTIONS, DIFFERENTIAL, Api, Sent, gpu_pod, sendable, stored_pod
 from tests.paths import ROOT
 from webhook.core.decision import Request, decide
 from webhook.core.review import review_object
@@ -341,14 +341,7 @@ def test_cel_verdicts_equal_the_cores_rule_by_rule(cel_cluster: DevCluster, api:
     results: list[tuple[str, Obj, int, Any, set[str]]] = []
     counter = itertools.count()
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        # The same examples every run: the coverage thresholds below must not hang on a seed.
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @settings(DIFFERENTIAL, max_examples=EXAMPLES)
     @given(st.one_of(objects(), attacked_objects()))
     def send(example: tuple[str, Obj]) -> None:
         kind, obj = example
@@ -386,14 +379,7 @@ def test_cel_verdicts_equal_the_cores(api: Api, ns: str) -> None:
     sent: list[Sent] = []
     counter = itertools.count()
 
-    @settings(
-        max_examples=DENY_EXAMPLES,
-        deadline=None,
-        database=None,
-        # The same examples every run: the coverage thresholds below must not hang on a seed.
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @settings(DIFFERENTIAL, max_examples=DENY_EXAMPLES)
     @given(st.one_of(objects(), attacked_objects()))
     def send(example: tuple[str, Obj]) -> None:
         kind, obj = example
@@ -457,21 +443,14 @@ def test_cel_update_verdicts_equal_the_cores_rule_by_rule(cel_cluster: DevCluste
     sent: list[tuple[Sent, set[str], Obj, str, tuple[str, ...]]] = []
     counter = itertools.count()
 
-    @settings(
-        max_examples=UPDATE_EXAMPLES,
-        deadline=None,
-        database=None,
-        # The same examples every run: the coverage thresholds below must not hang on a seed.
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
+    @settings(DIFFERENTIAL, max_examples=UPDATE_EXAMPLES)
     @given(
         st.sampled_from(["plain", "allocated", "gpu"]),
         pod_updates(),
         st.sampled_from(sorted(IDENTITIES)),
     )
     def send(base: str, edits: list[tuple[str, Any, Any]], identity: str) -> None:
-        old = _stored_pod(api, namespace, f"u{next(counter)}", base)
+        old = stored_pod(api, namespace, f"u{next(counter)}", base)
         debug = [e for e in edits if e[0] == "debug"]
         new = apply_update(old, debug or edits)
         user, groups = IDENTITIES[identity]

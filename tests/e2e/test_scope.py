@@ -21,14 +21,12 @@ import copy
 import itertools
 import time
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Final
 
 import orjson
 import pytest
-import urllib3
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.core.strategies import (
@@ -45,8 +43,21 @@ from tests.core.strategies import (
     pod_metadata,
     pod_specs,
     pod_updates,
-    template_of,
     wrap,
+)
+from tests.e2e.rest import (
+    ALLOCATION,
+    API_VERSIONS,
+    COLLECTIONS,
+    DIFFERENTIAL,
+    SELECTOR,
+    Api,
+    Obj,
+    Sent,
+    gpu_pod,
+    plain_container,
+    sendable,
+    stored_pod,
 )
 from webhook.core.decision import Request, decide
 from webhook.core.review import review_object
@@ -55,136 +66,12 @@ from webhook.policies import load_policy
 
 pytestmark = pytest.mark.e2e
 
-Obj = dict[str, Any]
 
 # Bounded for CI (2 cores): each example is one dry-run request (~10 ms); 500 take
 # ~10 s here.
 EXAMPLES: Final = 500
 # An update example stores its pod first (one to three requests more).
 UPDATE_EXAMPLES: Final = 150
-# The REST collection of each kind the webhooks are registered for.
-COLLECTIONS: Final[Mapping[str, str]] = {
-    "Pod": "/api/v1/namespaces/{ns}/pods",
-    "ReplicationController": "/api/v1/namespaces/{ns}/replicationcontrollers",
-    "Deployment": "/apis/apps/v1/namespaces/{ns}/deployments",
-    "StatefulSet": "/apis/apps/v1/namespaces/{ns}/statefulsets",
-    "DaemonSet": "/apis/apps/v1/namespaces/{ns}/daemonsets",
-    "ReplicaSet": "/apis/apps/v1/namespaces/{ns}/replicasets",
-    "Job": "/apis/batch/v1/namespaces/{ns}/jobs",
-    "CronJob": "/apis/batch/v1/namespaces/{ns}/cronjobs",
-}
-API_VERSIONS: Final[Mapping[str, str]] = {
-    kind: "/".join(path.split("/")[2:4]) if path.startswith("/apis/") else "v1"
-    for kind, path in COLLECTIONS.items()
-}
-SELECTOR: Final = {"app": "scope"}
-
-
-@dataclass
-class Sent:
-    """One dry-run create and what the apiserver answered."""
-
-    name: str
-    kind: str
-    obj: Obj
-    status: int
-    body: Any
-
-
-class Api:
-    """Raw REST calls to the dev cluster: the objects go as written, junk included."""
-
-    def __init__(self, cluster: DevCluster) -> None:
-        self.server = cluster.server
-        self.http = urllib3.PoolManager(ca_certs=str(cluster.ca_file), cert_reqs="CERT_REQUIRED")
-        self.headers = {
-            "Authorization": f"Bearer {cluster.token}",
-            "Content-Type": "application/json",
-        }
-
-    def create(self, kind: str, namespace: str, obj: Obj, *, dry_run: bool = True) -> Sent:
-        url = self.server + COLLECTIONS[kind].format(ns=namespace)
-        if dry_run:
-            url += "?dryRun=All"
-        response = self.http.request(
-            "POST", url, body=orjson.dumps(obj, default=str), headers=self.headers, timeout=30
-        )
-        try:
-            body = orjson.loads(response.data)
-        except orjson.JSONDecodeError:
-            body = response.data.decode(errors="replace")
-        name = str(obj.get("metadata", {}).get("name", ""))
-        return Sent(name=name, kind=kind, obj=obj, status=response.status, body=body)
-
-    def grant_pod_patch(self, namespace: str, *users: str) -> None:
-        """RBAC for ``users`` to update pods and their ephemeral containers in
-        ``namespace`` (no controller-manager runs here to fill the aggregated roles,
-        so a Role of its own)."""
-        rbac = f"{self.server}/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
-        role = {
-            "metadata": {"name": "pod-patcher"},
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["pods", "pods/ephemeralcontainers"],
-                    "verbs": ["get", "patch", "update"],
-                }
-            ],
-        }
-        binding = {
-            "metadata": {"name": "pod-patcher"},
-            "roleRef": {
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "Role",
-                "name": "pod-patcher",
-            },
-            "subjects": [
-                {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}
-                for user in users
-            ],
-        }
-        for collection, obj in (("roles", role), ("rolebindings", binding)):
-            response = self.http.request(
-                "POST", f"{rbac}/{collection}", body=orjson.dumps(obj), headers=self.headers
-            )
-            assert response.status in (201, 409), response.data
-
-    def update_pod(self, namespace: str, old: Obj, new: Obj, *, user: str) -> Sent:
-        """A dry-run UPDATE of stored pod ``old`` to ``new`` as ``user``:
-        through pods/ephemeralcontainers when only ephemeral containers change (as
-        `kubectl debug` does), else a merge patch of labels and annotations."""
-        name = old["metadata"]["name"]
-        url = f"{self.server}/api/v1/namespaces/{namespace}/pods/{name}"
-        # The user only: the default policy names its writers by service account.
-        headers = {**self.headers, "Impersonate-User": user}
-        if new["spec"] != old["spec"]:
-            method, url, body = "PUT", url + "/ephemeralcontainers", new
-        else:
-            patch: Obj = {}
-            for field in ("annotations", "labels"):
-                before = old["metadata"].get(field) or {}
-                after = new["metadata"].get(field) or {}
-                changed = {k: v for k, v in after.items() if before.get(k) != v}
-                changed.update({k: None for k in before if k not in after})
-                if changed:
-                    patch[field] = changed
-            method, body = "PATCH", {"metadata": patch}
-            headers["Content-Type"] = "application/merge-patch+json"
-        response = self.http.request(
-            method, url + "?dryRun=All", body=orjson.dumps(body), headers=headers, timeout=30
-        )
-        return Sent(name, "Pod", new, response.status, orjson.loads(response.data))
-
-    def patch_pod(self, namespace: str, name: str, patch: Obj, *, user: str | None = None) -> Sent:
-        """A JSON merge patch of a stored pod (an UPDATE to admission), as ``user``."""
-        url = f"{self.server}/api/v1/namespaces/{namespace}/pods/{name}"
-        headers = {**self.headers, "Content-Type": "application/merge-patch+json"}
-        if user is not None:
-            headers["Impersonate-User"] = user
-        response = self.http.request(
-            "PATCH", url, body=orjson.dumps(patch), headers=headers, timeout=30
-        )
-        return Sent(name, "Pod", patch, response.status, orjson.loads(response.data))
 
 
 @pytest.fixture(scope="module")
@@ -211,49 +98,6 @@ def admitted_names(cluster: DevCluster, namespace: str, *, sentinel: str | None 
         if sentinel is None or sentinel in names or time.monotonic() > deadline:
             return names
         time.sleep(0.05)
-
-
-def gpu_pod(name: str) -> Obj:
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name},
-        "spec": {
-            "containers": [
-                {
-                    "name": "cuda",
-                    "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04",
-                    "resources": {"limits": {"nvidia.com/gpumem": "3000"}},
-                }
-            ]
-        },
-    }
-
-
-def sendable(kind: str, obj: Obj, name: str) -> Obj:
-    """``obj`` named ``name``, with what the apiserver checks before admission made to
-    fit (metadata a mapping without a namespace of its own, selectors that match the
-    template), so most examples reach the webhooks. What the rules look at is kept."""
-    obj = copy.deepcopy(obj)
-    metadata = obj.get("metadata")
-    if not isinstance(metadata, dict):
-        metadata = obj["metadata"] = {}
-    metadata.pop("namespace", None)
-    metadata.pop("generateName", None)
-    metadata["name"] = name
-    if kind != "Pod":
-        template = template_of(obj, kind)
-        if isinstance(template, dict):
-            template_metadata = template.get("metadata")
-            if not isinstance(template_metadata, dict):
-                template_metadata = template["metadata"] = {}
-            template_metadata["labels"] = dict(SELECTOR)
-        spec = obj["spec"]
-        if kind == "ReplicationController":
-            spec["selector"] = dict(SELECTOR)
-        elif kind in ("Deployment", "StatefulSet", "DaemonSet", "ReplicaSet"):
-            spec["selector"] = {"matchLabels": dict(SELECTOR)}
-    return obj
 
 
 def core_acts(obj: Any, namespace: str) -> list[str]:
@@ -340,14 +184,7 @@ def test_webhook_sees_everything_the_core_acts_on(
     sent: list[Sent] = []
     counter = itertools.count()
 
-    @settings(
-        max_examples=EXAMPLES,
-        deadline=None,
-        database=None,
-        # The same examples every run: the coverage thresholds below must not hang on a seed.
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    )
+    @settings(DIFFERENTIAL, max_examples=EXAMPLES)
     @given(st.one_of(objects(), attacked_objects(), gpu_free_objects()))
     def send(example: tuple[str, Obj]) -> None:
         kind, obj = example
@@ -382,16 +219,12 @@ def test_webhook_sees_everything_the_core_acts_on(
     assert counts["skipped"] >= EXAMPLES // 20, counts
 
 
-def _container(**extra: Any) -> Obj:
-    return {"name": "app", "image": "nginx:1.27", **extra}
-
-
 # What clusters run all day: none of it asks for a GPU or touches the GPU stack.
 PLAIN_SPECS: Final[Mapping[str, Obj]] = {
-    "nginx": {"containers": [_container()]},
+    "nginx": {"containers": [plain_container()]},
     "resources": {
         "containers": [
-            _container(
+            plain_container(
                 resources={
                     "limits": {"cpu": "1", "memory": "512Mi"},
                     "requests": {"cpu": "100m", "memory": "128Mi"},
@@ -401,7 +234,7 @@ PLAIN_SPECS: Final[Mapping[str, Obj]] = {
     },
     "env-config": {
         "containers": [
-            _container(
+            plain_container(
                 env=[
                     {"name": "LOG_LEVEL", "value": "debug"},
                     {"name": "CUDA_VISIBLE_DEVICES", "value": "0"},
@@ -420,14 +253,14 @@ PLAIN_SPECS: Final[Mapping[str, Obj]] = {
     },
     "init-and-sidecar": {
         "initContainers": [
-            _container(name="migrate", command=["sh", "-c", "true"]),
-            _container(name="proxy", restartPolicy="Always"),
+            plain_container(name="migrate", command=["sh", "-c", "true"]),
+            plain_container(name="proxy", restartPolicy="Always"),
         ],
-        "containers": [_container()],
+        "containers": [plain_container()],
         "nodeSelector": {"kubernetes.io/os": "linux"},
     },
     "privileged-no-gpu": {
-        "containers": [_container(securityContext={"privileged": True})],
+        "containers": [plain_container(securityContext={"privileged": True})],
         "hostNetwork": True,
     },
 }
@@ -487,22 +320,12 @@ def test_plain_pods_and_workloads_never_reach_the_webhook(
     assert called == {"sentinel"}, sorted(called & set(sent))
 
 
-# Pods as they are stored when an update comes: a plain pod, one the scheduler wrote
-# its allocation on, and a GPU-sharing pod (mutated at creation).
-_ALLOCATION: Final = {
-    "hami.io/vgpu-node": "gpu-node-1",
-    "hami.io/vgpu-devices-allocated": "GPU-0,NVIDIA,3000,30:;",
-    "hami.io/bind-phase": "allocating",
-}
-_SCHEDULER: Final = IDENTITIES["scheduler"][0]
-
-
 VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
 DEVICE_REQUEST: Final = "/var/run/nvidia-container-devices/all"
 # What only a GPU-relevant update does to a plain pod, so that the conditions' pod
 # UPDATE cases (the old object's annotations, ephemeral containers) decide alone.
 _TARGETED: Final[Mapping[str, list[tuple[str, Any, Any]]]] = {
-    "remove-allocation": [("annotate", key, None) for key in _ALLOCATION],
+    "remove-allocation": [("annotate", key, None) for key in ALLOCATION],
     "debug-visible-devices": [
         (
             "debug",
@@ -524,32 +347,6 @@ _TARGETED: Final[Mapping[str, list[tuple[str, Any, Any]]]] = {
 }
 
 
-def _stored_pod(api: Api, namespace: str, name: str, base: str) -> Obj:
-    pod = (
-        gpu_pod(name)
-        if base == "gpu"
-        else {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": {"team": "ml"}},
-            # Volumes the `kubectl debug` containers of tests/core/strategies.py mount.
-            "spec": {
-                "containers": [_container()],
-                "volumes": [{"name": "data", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
-            },
-        }
-    )
-    created = api.create("Pod", namespace, pod, dry_run=False)
-    assert created.status == 201, created.body
-    stored: Obj = created.body
-    if base == "allocated":
-        patch = {"metadata": {"annotations": _ALLOCATION}}
-        written = api.patch_pod(namespace, name, patch, user=_SCHEDULER)
-        assert written.status == 200, written.body
-        stored = written.body
-    return stored
-
-
 def test_webhook_sees_every_pod_update_the_core_acts_on(
     cluster: DevCluster, api: Api, namespace: str
 ) -> None:
@@ -562,21 +359,14 @@ def test_webhook_sees_every_pod_update_the_core_acts_on(
     sent: list[tuple[Sent, Obj, str, tuple[str, ...]]] = []
     counter = itertools.count()
 
-    @settings(
-        max_examples=UPDATE_EXAMPLES,
-        deadline=None,
-        database=None,
-        # The same examples every run: the coverage thresholds below must not hang on a seed.
-        derandomize=True,
-        suppress_health_check=[HealthCheck.too_slow],
-    )
+    @settings(DIFFERENTIAL, max_examples=UPDATE_EXAMPLES)
     @given(
         st.sampled_from(["plain", "allocated", "gpu"]),
         st.one_of(pod_updates(), st.sampled_from(sorted(_TARGETED)).map(_TARGETED.__getitem__)),
         st.sampled_from(sorted(IDENTITIES)),
     )
     def send(base: str, edits: list[tuple[str, Any, Any]], identity: str) -> None:
-        old = _stored_pod(api, namespace, f"u{next(counter)}", base)
+        old = stored_pod(api, namespace, f"u{next(counter)}", base)
         # One subresource per request: ephemeral containers alone, or metadata alone.
         debug = [e for e in edits if e[0] == "debug"]
         new = apply_update(old, debug or edits)
@@ -651,7 +441,7 @@ def test_pod_updates_reach_the_webhook_when_they_touch_what_the_rules_read(
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "plain"},
-        "spec": {"containers": [_container()]},
+        "spec": {"containers": [plain_container()]},
     }
     created = api.create("Pod", namespace, pod, dry_run=False)
     assert created.status == 201, created.body
@@ -764,7 +554,7 @@ def test_registrations_follow_the_policy_the_webhook_serves(custom_cluster: DevC
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {"name": "forged", "annotations": {"example.io/alloc-node": "n1"}},
-        "spec": {"containers": [_container()]},
+        "spec": {"containers": [plain_container()]},
     }
     answer = api.create("Pod", namespace, forged)
     assert answer.status == 403 and "forged-allocation" in answer.body["message"], answer.body
