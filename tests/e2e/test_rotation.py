@@ -37,6 +37,8 @@ from webhook.certs.rotation import (
 )
 from webhook.certs.selfmanaged import SelfManagedCertificates
 from webhook.dev.cluster import DevCluster, free_port
+from webhook.install.celpolicy import NAME_PREFIX, rule_expressions
+from webhook.policies import DEFAULT_POLICY
 
 pytestmark = pytest.mark.e2e
 
@@ -477,14 +479,19 @@ async def test_the_install_rbac_is_all_the_mode_needs(
     ]
     assert {o["kind"] for o in rbac} == {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
     named = {n for o in rbac for r in o.get("rules", []) for n in r.get("resourceNames", [])}
-    assert named == set(renames), "the Role must name the Secret, its Lease and the configurations"
+    # The CEL policies the leader keeps in step (tests/e2e/test_reconcile.py): one per rule
+    # CEL can express, whatever the policy's actions.
+    cel = {NAME_PREFIX + rule for rule in rule_expressions(DEFAULT_POLICY)}
+    assert named == set(renames) | cel, (
+        "the Role must name the Secret, its Lease, the configurations and the CEL policies"
+    )
     account = deployment["spec"]["template"]["spec"]["serviceAccountName"]
     for obj in rbac:
         obj["metadata"]["name"] = "e2e-rotation-rbac"
         obj.get("roleRef", {})["name"] = "e2e-rotation-rbac"
         for rule in obj.get("rules", []):
             if "resourceNames" in rule:
-                rule["resourceNames"] = [renames[n] for n in rule["resourceNames"]]
+                rule["resourceNames"] = [renames.get(n, n) for n in rule["resourceNames"]]
 
     admin = cluster.api_client()
     core: Any = client.CoreV1Api(admin)

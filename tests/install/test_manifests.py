@@ -28,8 +28,9 @@ from tests.paths import ROOT
 from webhook.cli import build_parser, main
 from webhook.core.workload import TEMPLATE_PATHS
 from webhook.install import celpolicy, manifests
+from webhook.install.celpolicy import NAME_PREFIX, rule_expressions
 from webhook.install.manifests import ManifestError, Obj
-from webhook.policies import load_policy
+from webhook.policies import DEFAULT_POLICY, load_policy
 
 DEPLOY = ROOT / "deploy"
 NS = "gpushare-system"
@@ -353,20 +354,29 @@ def test_self_managed_mode() -> None:
 
 def test_self_managed_rbac_is_least_privilege() -> None:
     objects = manifests.render(overlay="self-managed")
+    cel_names = {NAME_PREFIX + rule for rule in rule_expressions(DEFAULT_POLICY)}
+    cel_kinds = {"validatingadmissionpolicies", "validatingadmissionpolicybindings"}
     for obj in objects:
         for rule in obj.get("rules", []):
             for field in ("apiGroups", "resources", "verbs", "resourceNames"):
                 assert "*" not in rule.get(field, []), (obj["kind"], rule)
-            assert not {"delete", "deletecollection", "escalate", "bind", "impersonate"} & set(
-                rule["verbs"]
-            )
-    (cluster_rule,) = one(objects, "ClusterRole")["rules"]
-    assert set(cluster_rule["resources"]) == {
+            assert not {"deletecollection", "escalate", "bind", "impersonate"} & set(rule["verbs"])
+            if "delete" in rule["verbs"]:
+                # Only the CEL policies the webhook renders, when the policy turns one off.
+                assert set(rule["resources"]) == cel_kinds, rule
+                assert set(rule["resourceNames"]) == cel_names, rule
+    webhook_rule, *cel_rules = one(objects, "ClusterRole")["rules"]
+    assert set(webhook_rule["resources"]) == {
         "mutatingwebhookconfigurations",
         "validatingwebhookconfigurations",
     }
-    assert cluster_rule["resourceNames"] == ["gpushare-webhook"]
-    assert set(cluster_rule["verbs"]) <= {"get", "patch", "update"}
+    assert webhook_rule["resourceNames"] == ["gpushare-webhook"]
+    assert set(webhook_rule["verbs"]) <= {"get", "patch", "update"}
+    for rule in cel_rules:
+        assert set(rule["resources"]) == cel_kinds
+        # list and create cannot be restricted by name; everything else is.
+        assert set(rule.get("resourceNames", cel_names)) == cel_names
+        assert "resourceNames" in rule or set(rule["verbs"]) <= {"list", "create"}
     secret_rules = [r for r in one(objects, "Role")["rules"] if "secrets" in r["resources"]]
     for rule in secret_rules:
         # create cannot be restricted by name; everything else is.

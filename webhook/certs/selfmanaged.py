@@ -85,6 +85,9 @@ class SelfManagedConfig:
     identity: str = field(default_factory=default_identity)
     interval: float = CHECK_INTERVAL
     ready_timeout: float = READY_TIMEOUT
+    # The leader also keeps the webhooks' matchConditions and the CEL policies in step
+    # with the policy in force (webhook.install.reconcile).
+    keep_scope: bool = True
 
 
 def api_client(kubeconfig: str | None = None) -> Any:
@@ -151,6 +154,7 @@ class SelfManagedCertificates:
             raise ValueError(f"interval must be positive, got {interval}")
         if not 0 < renew_interval < lease_duration:
             raise ValueError("renew_interval must be positive and shorter than lease_duration")
+        self.api_client = api_client
         self._core: Any = client.CoreV1Api(api_client)
         self._admission: Any = client.AdmissionregistrationV1Api(api_client)
         self.namespace = namespace
@@ -176,6 +180,9 @@ class SelfManagedCertificates:
         self._in_sync = False
         self._secret_found: bool | None = None
         self._missing_configs: set[str] = set()
+        # More that only the leader does, after each check (blocking; in the check's thread).
+        self.duties: list[Callable[[], object]] = []
+        self._wake = asyncio.Event()
 
     @classmethod
     def from_config(
@@ -203,6 +210,10 @@ class SelfManagedCertificates:
     @property
     def is_leader(self) -> bool:
         return self._elector.is_leader
+
+    def wake(self) -> None:
+        """Check now rather than at the next interval (e.g. the policy changed)."""
+        self._wake.set()
 
     # -- the loop --------------------------------------------------------------------
 
@@ -246,7 +257,7 @@ class SelfManagedCertificates:
 
     async def run(self) -> None:
         """Elect and check until cancelled; a leader gives up its Lease on the way out."""
-        wake = asyncio.Event()
+        wake = self._wake
         try:
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._elect_forever(wake))
@@ -351,7 +362,17 @@ class SelfManagedCertificates:
             )
             data = decision.data
         self.publish_bundle(data[CA_BUNDLE])
+        self._do_duties()
         return data
+
+    def _do_duties(self) -> None:
+        for duty in self.duties:
+            try:
+                duty()
+            # Certificates come first: a duty that fails is reported and retried at the
+            # next check, and never keeps a serving pair from being written.
+            except Exception as exc:
+                log.error("leader duty failed: %s", _describe(exc))
 
     def _read_secret(self) -> dict[str, Any] | None:
         try:

@@ -1,0 +1,244 @@
+"""What the apiserver holds of the install, kept in step with the policy in force.
+
+The webhooks' ``matchConditions`` (:mod:`webhook.install.scope`) and the
+ValidatingAdmissionPolicies (:mod:`webhook.install.celpolicy`) are rendered from a
+policy. When the policy's ConfigMap changes, a running self-managed install must follow,
+or the apiserver skips objects the new policy acts on (conditions too narrow) and keeps
+enforcing rules the new policy switched off or softened (stale CEL policies).
+
+:class:`ScopeKeeper` is run by the holder of the self-managed Lease (one writer), at each
+certificate check and at once when the policy changes:
+
+- every webhook of the two configurations gets the policy's conditions, by a JSON patch
+  that tests each webhook's name first (it fails rather than land on a reordered list);
+- the CEL policies and bindings are replaced by what the policy renders (created when
+  missing) and those the policy no longer renders (a rule turned ``off``) are deleted. Only when the
+  install carries them: an install without any of them (``manifests`` without the CEL
+  part, or a cluster older than 1.30) chose not to have them, and none is created.
+
+Writes happen only on a difference, so a check in a quiet cluster reads and writes nothing
+else. Blocking calls (the ``kubernetes`` client): run it in a thread.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Final, NamedTuple
+
+import orjson
+
+from webhook.core.policy import Policy
+from webhook.install.celpolicy import BINDING_KIND, LABELS, POLICY_KIND, validating_policies
+from webhook.install.scope import MatchCondition, match_conditions
+
+log = logging.getLogger(__name__)
+
+# The digest of the object as rendered: a field the policy no longer sets is a change
+# too, which comparing only the fields it does set would miss.
+RENDERED: Final = "gpushare.io/rendered"
+_NOT_FOUND: Final = 404
+_SELECTOR: Final = ",".join(f"{key}={value}" for key, value in sorted(LABELS.items()))
+
+Obj = dict[str, Any]
+
+
+def conditions_patch(config: Mapping[str, Any], conditions: Sequence[MatchCondition]) -> list[Obj]:
+    """The JSON patch giving every webhook of ``config`` exactly ``conditions``."""
+    wanted = [dict(c) for c in conditions]
+    operations: list[Obj] = []
+    for index, hook in enumerate(config.get("webhooks") or []):
+        if (hook.get("matchConditions") or []) == wanted:
+            continue
+        operations.append({"op": "test", "path": f"/webhooks/{index}/name", "value": hook["name"]})
+        if wanted:
+            operations.append(
+                {"op": "add", "path": f"/webhooks/{index}/matchConditions", "value": wanted}
+            )
+        else:
+            operations.append({"op": "remove", "path": f"/webhooks/{index}/matchConditions"})
+    return operations
+
+
+def _read(response: Any) -> Any:
+    return orjson.loads(response.data)
+
+
+class _KindApi(NamedTuple):
+    list: Callable[..., Any]
+    create: Callable[..., Any]
+    replace: Callable[..., Any]
+    delete: Callable[..., Any]
+
+
+class ScopeKeeper:
+    """Brings the webhook configurations' conditions and the CEL policies in line with a policy."""
+
+    def __init__(
+        self,
+        api_client: Any,
+        *,
+        webhook_config: str,
+        namespace: str,
+        request_timeout: float = 10.0,
+    ) -> None:
+        from kubernetes import client
+
+        self._api: Any = client.AdmissionregistrationV1Api(api_client)
+        self.webhook_config = webhook_config
+        # The webhook's own namespace: the CEL policies leave it alone, like kube-system.
+        self.namespace = namespace
+        self._timeout = request_timeout
+        self._missing: set[str] = set()
+
+    def reconcile(self, policy: Policy) -> list[str]:
+        """Bring the cluster in line with ``policy``; what was changed, one line each."""
+        changes = self._reconcile_conditions(policy)
+        changes.extend(self._reconcile_policies(policy))
+        for change in changes:
+            log.info("policy %s (%s): %s", policy.name, policy.digest, change)
+        return changes
+
+    # -- matchConditions -------------------------------------------------------------
+
+    def _reconcile_conditions(self, policy: Policy) -> list[str]:
+        conditions = match_conditions(policy)
+        changes = []
+        for kind, read, patch in (
+            (
+                "MutatingWebhookConfiguration",
+                self._api.read_mutating_webhook_configuration,
+                self._api.patch_mutating_webhook_configuration,
+            ),
+            (
+                "ValidatingWebhookConfiguration",
+                self._api.read_validating_webhook_configuration,
+                self._api.patch_validating_webhook_configuration,
+            ),
+        ):
+            config = self._get(kind, read, self.webhook_config)
+            if config is None:
+                continue
+            operations = conditions_patch(config, conditions)
+            if not operations:
+                continue
+            patch(
+                self.webhook_config,
+                operations,
+                _content_type="application/json-patch+json",
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
+            changes.append(
+                f"{kind} {self.webhook_config}: matchConditions of "
+                f"{len(operations) // 2} webhooks rewritten"
+            )
+        return changes
+
+    def _get(self, kind: str, read: Callable[..., Any], name: str) -> Obj | None:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            config: Obj = _read(read(name, _preload_content=False, _request_timeout=self._timeout))
+        except ApiException as exc:
+            if exc.status != _NOT_FOUND:
+                raise
+            if kind not in self._missing:
+                self._missing.add(kind)
+                log.warning("%s %s does not exist: its matchConditions are not kept", kind, name)
+            return None
+        self._missing.discard(kind)
+        return config
+
+    # -- ValidatingAdmissionPolicies -------------------------------------------------
+
+    def _kinds(self) -> dict[str, _KindApi]:
+        api = self._api
+        return {
+            POLICY_KIND: _KindApi(
+                api.list_validating_admission_policy,
+                api.create_validating_admission_policy,
+                api.replace_validating_admission_policy,
+                api.delete_validating_admission_policy,
+            ),
+            BINDING_KIND: _KindApi(
+                api.list_validating_admission_policy_binding,
+                api.create_validating_admission_policy_binding,
+                api.replace_validating_admission_policy_binding,
+                api.delete_validating_admission_policy_binding,
+            ),
+        }
+
+    def _reconcile_policies(self, policy: Policy) -> list[str]:
+        kinds = self._kinds()
+        present: dict[str, dict[str, Obj]] = {}
+        for kind, calls in kinds.items():
+            listed = _read(
+                calls.list(
+                    label_selector=_SELECTOR,
+                    _preload_content=False,
+                    _request_timeout=self._timeout,
+                )
+            )
+            present[kind] = {o["metadata"]["name"]: o for o in listed.get("items") or []}
+        if not any(present.values()):
+            return []
+        wanted = [_stamped(obj) for obj in validating_policies(policy, namespace=self.namespace)]
+        changes = []
+        # Policies before their bindings when applying; bindings first when deleting, so
+        # that a binding never names a policy that is gone.
+        for obj in wanted:
+            kind, name = obj["kind"], obj["metadata"]["name"]
+            before = present[kind].get(name)
+            if before is not None and _holds(before, obj):
+                continue
+            calls = kinds[kind]
+            # A replace, not an apply: the whole object as rendered (an apply would merge
+            # set-like lists such as validationActions with what another manager wrote).
+            if before is None:
+                calls.create(obj, _preload_content=False, _request_timeout=self._timeout)
+            else:
+                obj["metadata"]["resourceVersion"] = before["metadata"]["resourceVersion"]
+                calls.replace(name, obj, _preload_content=False, _request_timeout=self._timeout)
+            changes.append(f"{kind} {name} {'created' if before is None else 'updated'}")
+        names = {(o["kind"], o["metadata"]["name"]) for o in wanted}
+        for kind in (BINDING_KIND, POLICY_KIND):
+            for name in sorted(present[kind]):
+                if (kind, name) in names:
+                    continue
+                kinds[kind].delete(name, _preload_content=False, _request_timeout=self._timeout)
+                changes.append(f"{kind} {name} deleted: the policy no longer renders it")
+        return changes
+
+
+def _stamped(obj: Obj) -> Obj:
+    digest = hashlib.sha256(orjson.dumps(obj, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+    metadata = obj["metadata"]
+    metadata["annotations"] = {**(metadata.get("annotations") or {}), RENDERED: digest}
+    return obj
+
+
+def _holds(stored: Mapping[str, Any], wanted: Mapping[str, Any]) -> bool:
+    """Whether ``stored`` is ``wanted`` as rendered, unedited since: same digest, and every
+    field ``wanted`` sets still set (the apiserver's own defaults are no difference)."""
+    annotations = (stored.get("metadata") or {}).get("annotations") or {}
+    if annotations.get(RENDERED) != wanted["metadata"]["annotations"][RENDERED]:
+        return False
+    return _covers(stored.get("spec"), wanted.get("spec")) and _covers(
+        (stored.get("metadata") or {}).get("labels"), (wanted.get("metadata") or {}).get("labels")
+    )
+
+
+def _covers(stored: Any, wanted: Any) -> bool:
+    if isinstance(wanted, Mapping):
+        return isinstance(stored, Mapping) and all(
+            _covers(stored.get(key), value) for key, value in wanted.items()
+        )
+    if isinstance(wanted, list):
+        return (
+            isinstance(stored, list)
+            and len(stored) == len(wanted)
+            and all(_covers(s, w) for s, w in zip(stored, wanted, strict=True))
+        )
+    return bool(stored == wanted)
