@@ -129,3 +129,30 @@ def test_record_user_and_verb() -> None:
     assert built["user"] == {"username": "alice", "groups": ["system:authenticated"]}
     assert built["verb"] == "create"
     assert built["auditID"] == "u1"
+
+
+def test_record_names_the_workload_and_keeps_generate_name_beside_the_name() -> None:
+    pod = yaml.safe_load((MANIFESTS / "hami-vgpu-pod.yaml").read_text())
+    pod["metadata"].update(
+        name="web-5d8f7c9b4-x2x9z",
+        generateName="web-5d8f7c9b4-",
+        labels={"pod-template-hash": "5d8f7c9b4"},
+        ownerReferences=[
+            {
+                "apiVersion": "apps/v1",
+                "kind": "ReplicaSet",
+                "name": "web-5d8f7c9b4",
+                "uid": "u",
+                "controller": True,
+            }
+        ],
+    )
+    version, request = parse_review(admission_review(pod, namespace="ml"))
+    answered = answer(version, request, PolicyStore(None).policy, endpoint="validate")
+    built = build_record(answered, endpoint="validate", policy_hash="h", latency_s=0.001)
+    assert built["owner"] == {"kind": "Deployment", "name": "web"}
+    assert built["objectRef"]["name"] == "web-5d8f7c9b4-x2x9z"
+    assert built["objectRef"]["generateName"] == "web-5d8f7c9b4-"
+    bare = build_record(_answered(), endpoint="mutate", policy_hash="h", latency_s=0.001)
+    assert "owner" not in bare
+    assert "generateName" not in bare["objectRef"]

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from functools import partial
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from webhook.core.admission import Answer
+from webhook.version import version
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 # Admission latency lives well under a millisecond; the apiserver's budget is seconds.
 _BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0)
+
+
+def _as_float(count: Callable[[str], int], kind: str) -> float:
+    return float(count(kind))
 
 
 class Metrics:
@@ -55,6 +61,13 @@ class Metrics:
             ["name", "hash"],
             registry=self.registry,
         )
+        # Exposed as gpushare_build_info{version="..."} 1.
+        self.build = Info(
+            "gpushare_build",
+            "The running build, labelled with its version.",
+            registry=self.registry,
+        )
+        self.build.info({"version": version()})
         self.certificate_expiry = Gauge(
             "gpushare_certificate_expiry_seconds",
             "Seconds until the serving certificate in use expires.",
@@ -117,6 +130,51 @@ class Metrics:
             return float("nan") if end is None else end - time.time()
 
         self.certificate_expiry.set_function(seconds_left)
+
+    def track_cluster(
+        self,
+        *,
+        synced: Callable[[], bool],
+        age: Callable[[], float],
+        objects: Callable[[str], int],
+        kinds: tuple[str, ...],
+    ) -> Callable[[str, str], None]:
+        """Report the cluster view (``serve --cluster``); returns the callback that counts
+        its lists, relists and failures, by kind (callable from any thread)."""
+        Gauge(
+            "gpushare_cluster_view_synced",
+            "1 while decisions use the cluster view; 0 while they fall back to the pod spec "
+            "(a kind not listed yet, or nothing heard from the API for too long).",
+            registry=self.registry,
+        ).set_function(lambda: 1.0 if synced() else 0.0)
+        Gauge(
+            "gpushare_cluster_view_age_seconds",
+            "Seconds since the watched kind heard from longest ago last heard from the API.",
+            registry=self.registry,
+        ).set_function(age)
+        held = Gauge(
+            "gpushare_cluster_view_objects",
+            "Objects held in the cluster view, by kind (those with facts a decision reads).",
+            ["kind"],
+            registry=self.registry,
+        )
+        for kind in kinds:
+            held.labels(kind).set_function(partial(_as_float, objects, kind))
+        events = Counter(
+            "gpushare_cluster_view_events",
+            "Cluster view lists (list: the first; resync: periodic; gone: a 410 relist) "
+            "and failed API calls (error), by kind.",
+            ["kind", "event"],
+            registry=self.registry,
+        )
+        for kind in kinds:
+            for event in ("list", "resync", "gone", "error"):
+                events.labels(kind, event)
+
+        def count(kind: str, event: str) -> None:
+            events.labels(kind, event).inc()
+
+        return count
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

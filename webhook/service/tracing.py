@@ -16,9 +16,9 @@ from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.trace import Status, StatusCode, Tracer
 
-from webhook import __version__
 from webhook.core.admission import Answer
 from webhook.core.workload import as_mapping
+from webhook.version import version
 
 SpanObserver = Callable[[Answer, str, float, "str | None"], None]
 
@@ -57,7 +57,7 @@ def review_observer(tracer: Tracer) -> SpanObserver:
 def make_provider(processor: SpanProcessor) -> TracerProvider:
     provider = TracerProvider(
         resource=Resource.create(
-            {"service.name": "gpushare-webhook", "service.version": __version__}
+            {"service.name": "gpushare-webhook", "service.version": version()}
         )
     )
     provider.add_span_processor(processor)

@@ -1,0 +1,60 @@
+"""The owner an audit record names: a pod's controller, or the Deployment behind its ReplicaSet."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from webhook.core.record import owner_of
+
+
+def ref(kind: str, name: str, *, controller: Any = True) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": kind,
+        "name": name,
+        "uid": "u",
+        "controller": controller,
+    }
+
+
+@pytest.mark.parametrize(
+    ("metadata", "owner"),
+    [
+        (
+            {
+                "ownerReferences": [ref("ReplicaSet", "web-5d8f7c9b4")],
+                "labels": {"pod-template-hash": "5d8f7c9b4"},
+            },
+            {"kind": "Deployment", "name": "web"},
+        ),
+        # A ReplicaSet of its own (no pod-template-hash, or one its name does not end with).
+        ({"ownerReferences": [ref("ReplicaSet", "web")]}, {"kind": "ReplicaSet", "name": "web"}),
+        (
+            {
+                "ownerReferences": [ref("ReplicaSet", "web")],
+                "labels": {"pod-template-hash": "5d8f7c9b4"},
+            },
+            {"kind": "ReplicaSet", "name": "web"},
+        ),
+        ({"ownerReferences": [ref("Job", "nightly")]}, {"kind": "Job", "name": "nightly"}),
+        # The controller among other owners; owners that do not control are not the workload.
+        (
+            {
+                "ownerReferences": [
+                    ref("ConfigMap", "c", controller=False),
+                    ref("StatefulSet", "db"),
+                ]
+            },
+            {"kind": "StatefulSet", "name": "db"},
+        ),
+        ({"ownerReferences": [ref("StatefulSet", "db", controller="true")]}, None),
+        ({"ownerReferences": [ref("StatefulSet", "db", controller=None)]}, None),
+        ({"ownerReferences": "StatefulSet/db"}, None),
+        ({"ownerReferences": [None, 3]}, None),
+        ({}, None),
+    ],
+)
+def test_owner_of(metadata: dict[str, Any], owner: dict[str, str] | None) -> None:
+    assert owner_of(metadata) == owner
