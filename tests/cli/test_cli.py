@@ -3,17 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import subprocess
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.paths import EXAMPLES, MANIFESTS, ROOT
+from webhook.dev.cluster import free_port
 
 
-def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+def run(
+    *args: str,
+    stdin: str | None = None,
+    cwd: Path = ROOT,
+    env: Mapping[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "webhook", *args],
         input=stdin,
@@ -21,7 +30,8 @@ def run(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str
         text=True,
         timeout=60,
         check=False,
-        cwd=ROOT,
+        cwd=cwd,
+        env=env,
     )
 
 
@@ -130,3 +140,35 @@ def test_lint(tmp_path: Path) -> None:
     assert result.returncode == 1
     assert f"{bad}: line 4: spec.onError: 'maybe' is not one of deny, allow" in result.stderr
     assert run("lint").returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("busy", "workers"), [("--port", "1"), ("--health-port", "1"), ("--port", "2")]
+)
+def test_serve_on_a_port_in_use_names_it_in_one_line(
+    tmp_path: Path, busy: str, workers: str
+) -> None:
+    ports = {"--port": free_port(), "--health-port": free_port()}
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        ports[busy] = taken.getsockname()[1]
+        result = run(
+            "serve",
+            "--host=127.0.0.1",
+            f"--workers={workers}",
+            *(f"{flag}={port}" for flag, port in ports.items()),
+            f"--cert-dir={tmp_path}",
+            f"--audit-log={tmp_path / 'audit.log'}",
+            cwd=tmp_path,
+            env={**os.environ, "PYTHONWARNINGS": "error"},
+        )
+    assert result.returncode == 2
+    last = result.stderr.splitlines()[-1]
+    assert last.startswith(f"gpushare-webhook: cannot listen on 127.0.0.1:{ports[busy]} "), last
+    assert "address already in use" in last.lower()
+    assert last.endswith(busy)
+    # Nothing after the one line: no traceback, no "never awaited", no unclosed socket.
+    assert "Traceback" not in result.stderr
+    assert "Warning" not in result.stderr, result.stderr
+    assert "Exception ignored" not in result.stderr, result.stderr

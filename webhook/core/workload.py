@@ -22,6 +22,12 @@ TEMPLATE_PATHS: Final[Mapping[str, tuple[str, ...]]] = {
 _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
+def is_inspected(kind: str) -> bool:
+    """Whether the webhook finds a pod in objects of ``kind``: pods and the built-in
+    workloads; other kinds' pods (operators' custom resources) are judged as pods."""
+    return kind == "Pod" or kind in TEMPLATE_PATHS
+
+
 def as_mapping(value: Any) -> Mapping[str, Any]:
     """``value`` when it is a mapping, else an empty one: admitted objects can hold anything."""
     # JSON gives dicts, and a missing field None: both answered without

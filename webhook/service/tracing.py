@@ -56,9 +56,7 @@ def review_observer(tracer: Tracer) -> SpanObserver:
 
 def make_provider(processor: SpanProcessor) -> TracerProvider:
     provider = TracerProvider(
-        resource=Resource.create(
-            {"service.name": "gpushare-webhook", "service.version": version()}
-        )
+        resource=Resource.create({"service.name": "gpushare-webhook", "service.version": version()})
     )
     provider.add_span_processor(processor)
     return provider
