@@ -12,7 +12,8 @@ import orjson
 import yaml
 
 from webhook.cli.common import EXIT_DENIED, EXIT_OK, Commands, UsageError
-from webhook.core.policy import PolicyError
+from webhook.core.cluster import view_from_objects
+from webhook.core.policy import PolicyError, describe_yaml_error
 from webhook.core.review import ReviewEntry, review_object
 from webhook.policies import load_policy
 
@@ -26,16 +27,31 @@ def _read_text(path: str, stdin: TextIO) -> str:
         raise UsageError(f"{path}: cannot read: {exc}") from None
 
 
+MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
+
+
+def manifest_files(path: str) -> list[str]:
+    """``path`` itself, or for a directory the manifests in it and below, sorted by path."""
+    if path == "-" or not Path(path).is_dir():
+        return [path]
+    found = sorted(
+        p for p in Path(path).rglob("*") if p.suffix in MANIFEST_SUFFIXES and p.is_file()
+    )
+    if not found:
+        raise UsageError(f"{path}: a directory with no .yaml, .yml or .json files in it or below")
+    return [str(p) for p in found]
+
+
 def read_manifests(paths: Sequence[str], stdin: TextIO) -> Iterator[dict[str, Any]]:
-    """Every object of every (multi-document YAML or JSON) file; ``List`` kinds expanded."""
-    for path in paths:
+    """Every object of every (multi-document YAML or JSON) file; directories are read
+    recursively (see :func:`manifest_files`); ``List`` kinds expanded."""
+    for path in (file for given in paths for file in manifest_files(given)):
         text = _read_text(path, stdin)
         try:
             documents = list(yaml.safe_load_all(text))
         except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" line {mark.line + 1}" if mark is not None else ""
-            raise UsageError(f"{path}:{where} not valid YAML or JSON") from None
+            reason = describe_yaml_error(exc, text=text, what="not valid YAML or JSON")
+            raise UsageError(f"{path}: {reason}") from None
         for number, document in enumerate(documents, 1):
             if document is None:
                 continue
@@ -73,6 +89,12 @@ def _text_report(entries: Sequence[ReviewEntry]) -> str:
 
 def command_review(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
     policy = load_policy(args.policy)
+    # A snapshot of the cluster, read as the service's watch would see it.
+    cluster = (
+        view_from_objects(read_manifests([args.cluster], stdin), secrets=policy.secret_env)
+        if args.cluster
+        else None
+    )
     entries = [
         review_object(
             obj,
@@ -81,6 +103,7 @@ def command_review(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> i
             username=args.user or "",
             groups=args.group or (),
             operation=args.operation,
+            cluster=cluster,
         )
         for obj in read_manifests(args.file, stdin)
     ]
@@ -112,7 +135,12 @@ def register(commands: Commands) -> None:
         "review", help="run manifests through mutation and validation offline"
     )
     review.add_argument(
-        "-f", "--file", action="append", required=True, help="YAML/JSON file, - for stdin"
+        "-f",
+        "--file",
+        action="append",
+        required=True,
+        help="YAML/JSON file, a directory (its .yaml, .yml and .json files, recursively) "
+        "or - for stdin",
     )
     review.add_argument("--policy", help="policy file (default: the bundled default policy)")
     review.add_argument("-o", "--output", choices=["json", "yaml", "text"], default="text")
@@ -121,6 +149,12 @@ def register(commands: Commands) -> None:
     review.add_argument("--group", action="append", help="requesting user's group (repeatable)")
     review.add_argument(
         "--operation", choices=["CREATE", "UPDATE"], default="CREATE", help="admission operation"
+    )
+    review.add_argument(
+        "--cluster",
+        metavar="SNAPSHOT",
+        help="YAML of Nodes, Namespaces, ConfigMaps, ResourceQuotas (and Secrets): judge as "
+        "serve --cluster would in that cluster",
     )
     review.set_defaults(handler=command_review)
 

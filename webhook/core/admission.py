@@ -14,6 +14,7 @@ from typing import Any
 
 import orjson
 
+from webhook.core.cluster import ClusterView
 from webhook.core.decision import Decision, Request, decide
 from webhook.core.policy import Policy
 from webhook.core.wire import AdmissionRequest, AdmissionResponse, AdmissionReview, Endpoint
@@ -68,16 +69,26 @@ def _response(
 
 
 def answer(
-    version: str, request: AdmissionRequest, policy: Policy, *, endpoint: Endpoint
+    version: str,
+    request: AdmissionRequest,
+    policy: Policy,
+    *,
+    endpoint: Endpoint,
+    cluster: ClusterView | None = None,
 ) -> Answer:
-    """Answer one parsed AdmissionReview at ``endpoint``."""
+    """Answer one parsed AdmissionReview at ``endpoint`` (with what ``cluster`` knows)."""
     obj = request.get("object")
     if not isinstance(obj, dict):
         obj = {}
     facts = request_facts(request, obj)
     old = request.get("oldObject")
     decision = decide(
-        obj, facts, policy, phase=endpoint, old=old if isinstance(old, dict) else None
+        obj,
+        facts,
+        policy,
+        phase=endpoint,
+        old=old if isinstance(old, dict) else None,
+        cluster=cluster,
     )
     review = _response(version, request["uid"], decision, policy, endpoint=endpoint)
     return Answer(review=review, decision=decision, request=request, facts=facts)

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any, TypedDict
+from typing import Any, Final, TypedDict
 
 import jsonpatch
 
+from webhook.core.cluster import ClusterView
 from webhook.core.decision import Decision, Request, Violation, decide
 from webhook.core.policy import Mode, Policy
 from webhook.core.wire import PatchOp
-from webhook.core.workload import as_mapping
+from webhook.core.workload import as_mapping, is_inspected
+
+# Deeper than any manifest nests its pod templates; YAML aliases can make a cycle.
+_MAX_DEPTH: Final = 32
 
 
 class ReviewEntry(TypedDict):
@@ -36,24 +40,33 @@ def review_object(
     username: str = "",
     groups: Sequence[str] = (),
     operation: str = "CREATE",
+    cluster: ClusterView | None = None,
 ) -> ReviewEntry:
-    """Mutate, then validate the mutated object: both webhooks, as the apiserver runs them."""
+    """Mutate, then validate the mutated object: both webhooks, as the apiserver runs them
+    (against ``cluster`` when given, as ``serve --cluster`` does)."""
     metadata = as_mapping(obj.get("metadata"))
     kind = str(obj.get("kind") or "")
     ns = namespace or str(metadata.get("namespace") or "default")
     request = Request(
         kind=kind, operation=operation, namespace=ns, username=username, groups=tuple(groups)
     )
-    mutated = decide(obj, request, policy, phase="mutate")
+    mutated = decide(obj, request, policy, phase="mutate", cluster=cluster)
     final: Any = obj
     if mutated.patch:
         final = jsonpatch.apply_patch(copy.deepcopy(dict(obj)), mutated.patch)
-    validated = decide(final, request, policy, phase="validate") if mutated.allowed else Decision()
+    validated = (
+        decide(final, request, policy, phase="validate", cluster=cluster)
+        if mutated.allowed
+        else Decision()
+    )
     violations = list(mutated.violations)
     for violation in validated.violations:
         if violation not in violations:
             violations.append(violation)
     warnings = list(dict.fromkeys([*mutated.warnings, *validated.warnings]))
+    if not is_inspected(kind) and _names_gpu_resources(obj, policy, depth=_MAX_DEPTH):
+        # Allowed here says nothing about the pods: a newcomer must not read it as a pass.
+        warnings.append(f"kind {kind} is not inspected: its pods are judged when they are created")
     return {
         "kind": kind,
         "namespace": ns,
@@ -65,3 +78,23 @@ def review_object(
         "patch": mutated.patch,
         "object": final,
     }
+
+
+def _names_gpu_resources(node: Any, policy: Policy, *, depth: int) -> bool:
+    """Whether a ``limits`` or ``requests`` mapping anywhere in ``node`` names a GPU
+    resource of ``policy``: how a custom resource's pod templates ask for a GPU."""
+    if depth <= 0:
+        return False
+    if isinstance(node, Mapping):
+        for key, value in node.items():
+            if (
+                key in ("limits", "requests")
+                and isinstance(value, Mapping)
+                and any(isinstance(name, str) and policy.is_gpu_resource(name) for name in value)
+            ):
+                return True
+            if _names_gpu_resources(value, policy, depth=depth - 1):
+                return True
+    elif isinstance(node, list):
+        return any(_names_gpu_resources(item, policy, depth=depth - 1) for item in node)
+    return False

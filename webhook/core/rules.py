@@ -6,12 +6,12 @@ import posixpath
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, NamedTuple
 
 from webhook.core.env import effective_env, env_value, opaque
 from webhook.core.finding import Finding, quoted
 from webhook.core.injection import MPS_LIMIT_VARS, VGPU_LIMIT_PREFIXES, Injection
-from webhook.core.policy import RULE_IDS, Mode, Policy
+from webhook.core.policy import DEFAULT_SCHEDULER, RULE_IDS, Mode, Policy
 from webhook.core.resources import (
     CONTAINER_KINDS,
     ContainerKind,
@@ -200,7 +200,7 @@ def _label(kind: ContainerKind, container: Mapping[str, Any]) -> str:
     return describe(kind, name if isinstance(name, str) else "")
 
 
-def _visible_devices(label: str, value: str | None) -> Finding | None:
+def _visible_devices(label: str, value: str | None, *, source: str = "") -> Finding | None:
     if value is None:
         return Finding(
             "raw-visible-devices",
@@ -209,9 +209,25 @@ def _visible_devices(label: str, value: str | None) -> Finding | None:
     if value.strip().lower() not in _HARMLESS_VISIBLE_DEVICES:
         return Finding(
             "raw-visible-devices",
-            f"{label}: NVIDIA_VISIBLE_DEVICES={quoted(value[:24])}; remove it, request GPUs in limits",
+            f"{label}: NVIDIA_VISIBLE_DEVICES={quoted(value[:24])}{source}; remove it, request GPUs in limits",
         )
     return None
+
+
+def variable_findings(
+    label: str, name: Any, value: str | None, *, gpu: bool, policy: Policy, source: str = ""
+) -> Iterator[Finding]:
+    """The env rules on one variable ``name`` = ``value`` (None: from valueFrom) of a
+    container; ``source`` says where a value that is not inline comes from."""
+    if name == "NVIDIA_VISIBLE_DEVICES":
+        finding = _visible_devices(label, value, source=source)
+        if finding is not None:
+            yield finding
+    elif gpu and isinstance(name, str) and name in _SWITCHES:
+        why = _loosening(name, value, policy)
+        if why is not None:
+            shown = "from valueFrom" if value is None else f"={quoted(value)}"
+            yield Finding("limit-tampering", f"{label}: {name}{shown}{source} {why}; remove it")
 
 
 def _env_findings(
@@ -222,18 +238,12 @@ def _env_findings(
         if not isinstance(entry, (dict, Mapping)):
             continue
         name = entry.get("name")
-        if name == "NVIDIA_VISIBLE_DEVICES":
-            finding = _visible_devices(_label(kind, container), env_value(entry))
-            if finding is not None:
-                yield finding
-        elif gpu and isinstance(name, str) and name in _SWITCHES:
-            value = env_value(entry)
-            why = _loosening(name, value, policy)
-            if why is not None:
-                shown = "from valueFrom" if value is None else f"={quoted(value)}"
-                yield Finding(
-                    "limit-tampering", f"{_label(kind, container)}: {name}{shown} {why}; remove it"
-                )
+        if name == "NVIDIA_VISIBLE_DEVICES" or (
+            gpu and isinstance(name, str) and name in _SWITCHES
+        ):
+            yield from variable_findings(
+                _label(kind, container), name, env_value(entry), gpu=gpu, policy=policy
+            )
 
 
 def _mount_findings(
@@ -407,30 +417,37 @@ def _gpus(request: ContainerRequest) -> int:
     return request.gpus if request.shares else sum(request.mig.values())
 
 
-def _pod_totals(requests: PodRequests) -> tuple[int, int]:
-    """GPUs and MiB the pod holds at its peak, as Kubernetes sums effective requests.
+class Totals(NamedTuple):
+    gpus: int
+    memory_mib: int
+    # Percent of a card, summed over every vGPU (HAMi's quota counts cores so).
+    cores: int
+
+
+def pod_totals(requests: PodRequests) -> Totals:
+    """GPUs, MiB and cores the pod holds at its peak, as Kubernetes sums effective requests.
 
     Main containers and sidecars (restartPolicy Always init containers) run together;
     a plain init container runs alone, beside the sidecars declared before it.
     """
-    main = [0, 0]
-    sidecars = [0, 0]
-    init_peak = [0, 0]
+    main = [0, 0, 0]
+    sidecars = [0, 0, 0]
+    init_peak = [0, 0, 0]
     for request in requests.containers:
-        need = (_gpus(request), (request.memory_mib or 0) * request.gpus)
+        need = (
+            _gpus(request),
+            (request.memory_mib or 0) * request.gpus,
+            (request.cores or 0) * request.gpus,
+        )
         if request.kind == "containers":
-            main = [main[0] + need[0], main[1] + need[1]]
+            main = [a + b for a, b in zip(main, need, strict=True)]
         elif request.kind == "initContainers" and request.sidecar:
-            sidecars = [sidecars[0] + need[0], sidecars[1] + need[1]]
+            sidecars = [a + b for a, b in zip(sidecars, need, strict=True)]
         elif request.kind == "initContainers":
             init_peak = [
-                max(init_peak[0], need[0] + sidecars[0]),
-                max(init_peak[1], need[1] + sidecars[1]),
+                max(peak, n + s) for peak, n, s in zip(init_peak, need, sidecars, strict=True)
             ]
-    return (
-        max(main[0] + sidecars[0], init_peak[0]),
-        max(main[1] + sidecars[1], init_peak[1]),
-    )
+    return Totals(*(max(m + s, i) for m, s, i in zip(main, sidecars, init_peak, strict=True)))
 
 
 def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:
@@ -459,7 +476,7 @@ def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:
                 "gpu-quota",
                 f"{request.label}: {request.cores}% cores, at most {per_container.cores}",
             )
-    gpus, memory = _pod_totals(subject.requests)
+    gpus, memory, _ = pod_totals(subject.requests)
     if per_pod.gpus is not None and gpus > per_pod.gpus:
         yield Finding("gpu-quota", f"pod: {gpus} GPUs in all, at most {per_pod.gpus}")
     if per_pod.memory_mib is not None and memory > per_pod.memory_mib:
@@ -472,13 +489,15 @@ def scheduler_bypass(subject: Subject, policy: Policy) -> Iterator[Finding]:
     if subject.mode not in ("vgpu", "mps") or not subject.requests.sharing or not subject.created:
         return
     scheduler = subject.view.spec.get("schedulerName")
-    if scheduler in (None, "", "default-scheduler", policy.scheduler_name):
+    wanted = policy.scheduler_for(subject.requests)
+    if scheduler in (None, "", DEFAULT_SCHEDULER, wanted):
         return
     if isinstance(scheduler, str) and scheduler in policy.allowed_schedulers:
         return
     yield Finding(
         "scheduler-bypass",
-        f"schedulerName {quoted(scheduler)} skips GPU accounting; remove it (we set {policy.scheduler_name})",
+        f"schedulerName {quoted(scheduler)} skips GPU accounting; remove it "
+        f"({wanted} accounts for these GPU resources)",
     )
 
 

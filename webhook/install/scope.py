@@ -13,7 +13,9 @@ condition that catches it:
 - GPU requests (every rule that needs one, the mutation, the mode): a resource name of
   the policy, or one with a MIG prefix, in the limits or requests of any container,
   init container or ephemeral container.
-- raw-visible-devices (any pod): an env entry named ``NVIDIA_VISIBLE_DEVICES``.
+- raw-visible-devices (any pod): an env entry named ``NVIDIA_VISIBLE_DEVICES``; with the
+  policy's ``cluster.configMapEnv`` / ``secretEnv``, any ``envFrom`` of a ConfigMap /
+  Secret (its keys are known only to the cluster view).
 - host-device-access (any pod): any hostPath volume (the protected paths are compared
   after normalisation, which CEL cannot do; a hostPath is rare enough to send them all);
   a mount whose path contains ``nvidia-container-devices``; a mount or volume with a
@@ -122,8 +124,23 @@ def _container_test(policy: Policy, c: str) -> str:
     """Container ``c`` asks for a GPU, sets NVIDIA_VISIBLE_DEVICES, or mounts the
     device-request directory or a volume the mutation injects."""
     gpu = _resource_test(policy, "r")
+    # Env taken from ConfigMaps / Secrets is judged only where the policy opts in.
+    sources = [
+        ref
+        for ref, judged in (
+            ("configMapRef", policy.config_map_env),
+            ("secretRef", policy.secret_env),
+        )
+        if judged
+    ]
+    env_from = (
+        [f"has({c}.envFrom) && {c}.envFrom.exists(s, {_any([f'has(s.{r})' for r in sources])})"]
+        if sources
+        else []
+    )
     return _any(
         [
+            *env_from,
             f"has({c}.resources) && ("
             f"(has({c}.resources.limits) && {c}.resources.limits.exists(r, {gpu})) || "
             f"(has({c}.resources.requests) && {c}.resources.requests.exists(r, {gpu})))",
