@@ -1,0 +1,394 @@
+"""The Helm chart: one source of truth with deploy/, strict lint, every example, bad values.
+
+The chart's defaults must render exactly what `kubectl kustomize deploy/` renders (the
+Namespace aside: `helm install --create-namespace` makes it), and its cert-manager mode
+what deploy/overlays/cert-manager renders: no label or field is normalised away.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import sys
+import tomllib
+from contextlib import redirect_stdout
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.install.chart import (
+    CHART,
+    EXAMPLES,
+    NAMESPACE,
+    Obj,
+    by_identity,
+    documents,
+    find_helm,
+    find_kubectl,
+    kustomize,
+    run,
+    template,
+)
+from tests.install.test_manifests import strings
+from tests.paths import EXAMPLES as POLICY_EXAMPLES
+from tests.paths import ROOT
+from webhook.cli import main
+from webhook.install import celpolicy
+from webhook.install.manifests import cel_policies_text
+from webhook.policies import DEFAULT_POLICY, parse_policy
+
+DEPLOY = ROOT / "deploy"
+WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+
+
+@pytest.fixture(scope="module")
+def helm() -> str:
+    return find_helm()
+
+
+@pytest.fixture(scope="module")
+def kubectl() -> str:
+    return find_kubectl()
+
+
+def cli(*argv: str) -> str:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(list(argv)) == 0
+    return out.getvalue()
+
+
+def kinds(objects: list[Obj]) -> list[str]:
+    return [o["kind"] for o in objects]
+
+
+def one(objects: list[Obj], kind: str, name: str | None = None) -> Obj:
+    found = [o for o in objects if o["kind"] == kind and name in (None, o["metadata"]["name"])]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {len(found)}"
+    return found[0]
+
+
+def pod_spec(objects: list[Obj]) -> Obj:
+    spec: Obj = one(objects, "Deployment")["spec"]["template"]["spec"]
+    return spec
+
+
+def conditions(objects: list[Obj]) -> list[Any]:
+    return [o["webhooks"][0]["matchConditions"] for o in objects if o["kind"] in WEBHOOK_KINDS]
+
+
+# ------------------------------------------------------------------ chart metadata
+
+
+def test_chart_version_follows_the_project() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text("utf-8"))["project"]["version"]
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text("utf-8"))
+    assert (chart["version"], chart["appVersion"]) == (project, project), (
+        "set version and appVersion in charts/gpushare-webhook/Chart.yaml to pyproject's version"
+    )
+
+
+STALE = "the chart's generated files are stale; run hack/update-match-conditions"
+
+
+def test_chart_policy_is_the_bundled_default() -> None:
+    bundled = (ROOT / "webhook" / "policies" / "default.yaml").read_text("utf-8")
+    assert (CHART / "files" / "policy.yaml").read_text("utf-8") == bundled, STALE
+
+
+def test_chart_cel_policies_are_the_generated_ones() -> None:
+    text = (CHART / "files" / "celpolicies.yaml").read_text("utf-8")
+    assert text == cel_policies_text(DEFAULT_POLICY), STALE
+
+
+def test_chart_match_conditions_are_what_the_cli_prints() -> None:
+    """The same format policy.matchConditions takes from users."""
+    text = (CHART / "files" / "match-conditions.yaml").read_text("utf-8")
+    assert text.startswith("# GENERATED"), STALE
+    assert text.endswith(cli("manifests", "--print-match-conditions")), STALE
+
+
+# ------------------------------------------------------------- one source of truth
+
+
+def assert_same_install(helm: str, kubectl: str, *, directory: Path, settings: list[str]) -> None:
+    """The chart with SETTINGS renders, object for object, what kustomize renders from
+    DIRECTORY, its Namespace aside."""
+    expected = [o for o in kustomize(kubectl, directory) if o["kind"] != "Namespace"]
+    assert expected, f"kubectl kustomize {directory} rendered nothing"
+    rendered = by_identity(template(helm, settings=settings))
+    expected_by_identity = by_identity(expected)
+    assert sorted(rendered) == sorted(expected_by_identity)
+    for key, obj in expected_by_identity.items():
+        assert rendered[key] == obj, f"{key} differs between the chart and {directory}"
+
+
+def test_defaults_render_what_kustomize_renders(helm: str, kubectl: str) -> None:
+    assert_same_install(helm, kubectl, directory=DEPLOY, settings=[])
+
+
+def test_cert_manager_mode_renders_the_cert_manager_overlay(helm: str, kubectl: str) -> None:
+    directory = DEPLOY / "overlays" / "cert-manager"
+    assert_same_install(
+        helm, kubectl, directory=directory, settings=["certificates.mode=cert-manager"]
+    )
+
+
+def test_cluster_view_renders_the_cluster_view_install(helm: str, kubectl: str) -> None:
+    directory = DEPLOY / "cluster-view"
+    assert_same_install(helm, kubectl, directory=directory, settings=["clusterView.enabled=true"])
+
+
+def test_cluster_view_secrets_grant_is_the_opt_in_file(helm: str) -> None:
+    expected = by_identity(documents((DEPLOY / "cluster-view" / "secrets-rbac.yaml").read_text()))
+    objects = template(helm, settings=["clusterView.enabled=true", "clusterView.secrets=true"])
+    rendered = by_identity(objects)
+    for key, obj in expected.items():
+        assert rendered[key] == obj
+    plain = by_identity(template(helm, settings=["clusterView.enabled=true"]))
+    assert not set(expected) & set(plain), "Secrets are readable without clusterView.secrets"
+
+
+def test_release_namespace_moves_every_reference(helm: str) -> None:
+    objects = template(helm, namespace="gpu-admission")
+    assert NAMESPACE not in "\n".join(strings(objects))
+    for hook in (o["webhooks"][0] for o in objects if o["kind"] in WEBHOOK_KINDS):
+        assert hook["clientConfig"]["service"]["namespace"] == "gpu-admission"
+        (exclusion,) = hook["namespaceSelector"]["matchExpressions"]
+        assert exclusion["values"] == ["kube-system", "gpu-admission"]
+    for policy in (o for o in objects if o["kind"] == "ValidatingAdmissionPolicy"):
+        selector = policy["spec"]["matchConstraints"]["namespaceSelector"]
+        assert selector["matchExpressions"][0]["values"] == ["kube-system", "gpu-admission"]
+    assert "--namespace=gpu-admission" in pod_spec(objects)["containers"][0]["args"]
+
+
+# ----------------------------------------------------------------- lint, examples
+
+
+def test_lint_is_clean_in_strict_mode(helm: str) -> None:
+    argv = [helm, "lint", "--strict", str(CHART), "--namespace", NAMESPACE]
+    for path in EXAMPLES:
+        result = run([*argv, "--values", str(path)])
+        assert result.returncode == 0, f"{path.name}: {result.stdout}{result.stderr}"
+    result = run(argv)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "0 chart(s) failed" in result.stdout
+
+
+def test_there_are_examples() -> None:
+    assert {p.name for p in EXAMPLES} >= {
+        "cert-manager-values.yaml",
+        "existing-policy-configmap-values.yaml",
+        "strict-policy-values.yaml",
+        "ha-values.yaml",
+        "no-cel-values.yaml",
+    }
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda p: p.name)
+def test_every_example_renders_valid_objects(helm: str, example: Path) -> None:
+    objects = template(helm, values=[example])
+    assert "Deployment" in kinds(objects)
+    for obj in objects:
+        assert obj.get("apiVersion") and obj["metadata"].get("name"), obj
+    # Every rendering keeps both webhooks scoped.
+    assert all(conditions(objects)) and len(conditions(objects)) == 2
+
+
+def test_cert_manager_with_an_issuer_of_your_own(helm: str) -> None:
+    objects = template(helm, values=[CHART / "ci" / "cert-manager-cluster-issuer-values.yaml"])
+    assert "Issuer" not in kinds(objects)
+    serving = one(objects, "Certificate", "gpushare-webhook-serving")
+    assert serving["spec"]["issuerRef"] == {"kind": "ClusterIssuer", "name": "internal-ca"}
+    assert "--tls-cert=/etc/gpushare/tls/tls.crt" in pod_spec(objects)["containers"][0]["args"]
+    assert "Role" not in kinds(objects) and not pod_spec(objects)["automountServiceAccountToken"]
+
+
+def test_policy_as_a_values_block_is_the_policy_it_spells(helm: str) -> None:
+    objects = template(helm, values=[CHART / "ci" / "strict-policy-values.yaml"])
+    data = one(objects, "ConfigMap", "gpushare-policy")["data"]["policy.yaml"]
+    strict = (POLICY_EXAMPLES / "strict.yaml").read_text("utf-8")
+    # The same policy in force (every field, defaults filled in), under its own name.
+    ours = parse_policy(data, source="chart")
+    assert ours.name == "gpushare-webhook"
+    assert replace(ours, name="strict") == parse_policy(strict, source="strict.yaml")
+    assert ours != replace(DEFAULT_POLICY, name=ours.name)
+
+
+def test_policy_as_a_file(helm: str) -> None:
+    strict = (POLICY_EXAMPLES / "strict.yaml").read_text("utf-8")
+    objects = template(helm, extra=["--set-file", f"policy.file={POLICY_EXAMPLES / 'strict.yaml'}"])
+    assert one(objects, "ConfigMap", "gpushare-policy")["data"]["policy.yaml"] == strict
+
+
+def test_existing_policy_config_map_is_mounted_not_created(helm: str) -> None:
+    objects = template(helm, values=[CHART / "ci" / "existing-policy-configmap-values.yaml"])
+    assert "ConfigMap" not in kinds(objects)
+    volumes = {v["name"]: v for v in pod_spec(objects)["volumes"]}
+    assert volumes["policy"]["configMap"]["name"] == "gpushare-policy-custom"
+
+
+def test_a_policy_of_your_own_brings_its_conditions_and_cel_policies(
+    helm: str, tmp_path: Path
+) -> None:
+    policy_file = POLICY_EXAMPLES / "volcano.yaml"
+    policy = parse_policy(policy_file.read_text("utf-8"), source=str(policy_file))
+    conditions_file = tmp_path / "mc.yaml"
+    conditions_file.write_text(
+        cli("manifests", "--print-match-conditions", "--policy", str(policy_file))
+    )
+    cel_file = tmp_path / "cel.yaml"
+    cel_file.write_text(cli("manifests", "--only", "cel", "--policy", str(policy_file)))
+    objects = template(
+        helm,
+        extra=[
+            "--set-file",
+            f"policy.file={policy_file}",
+            "--set-file",
+            f"policy.matchConditions={conditions_file}",
+            "--set-file",
+            f"celPolicies.manifests={cel_file}",
+        ],
+    )
+    expected = yaml.safe_load(conditions_file.read_text())["matchConditions"]
+    assert conditions(objects) == [expected, expected]
+    default = yaml.safe_load((CHART / "files" / "match-conditions.yaml").read_text())
+    assert expected != default["matchConditions"]
+    # Helm orders objects by kind; compared object by object.
+    cel = [o for o in objects if o["kind"] in celpolicy.KINDS]
+    assert by_identity(cel) == by_identity(celpolicy.validating_policies(policy))
+
+
+def test_no_cel_example_renders_no_admission_policies(helm: str) -> None:
+    objects = template(helm, values=[CHART / "ci" / "no-cel-values.yaml"])
+    assert not set(kinds(objects)) & set(celpolicy.KINDS)
+    assert "PodDisruptionBudget" not in kinds(objects)
+    assert "priorityClassName" not in pod_spec(objects)
+
+
+def test_ha_example_adds_monitoring_and_a_network_policy(helm: str) -> None:
+    objects = template(helm, values=[CHART / "ci" / "ha-values.yaml"])
+    assert one(objects, "Deployment")["spec"]["replicas"] == 5
+    assert one(objects, "PodDisruptionBudget")["spec"]["minAvailable"] == 3
+    monitor = one(objects, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prometheus"
+    selects = monitor["spec"]["selector"]["matchLabels"].items()
+    # The ServiceMonitor selects the metrics Service, and not the webhook's.
+    assert (
+        selects <= one(objects, "Service", "gpushare-webhook-metrics")["metadata"]["labels"].items()
+    )
+    assert not selects <= one(objects, "Service", "gpushare-webhook")["metadata"]["labels"].items()
+    policy = one(objects, "NetworkPolicy")
+    ports = [p["port"] for rule in policy["spec"]["ingress"] for p in rule["ports"]]
+    assert ports == [8443, 8080]
+    container = pod_spec(objects)["containers"][0]
+    assert container["image"].endswith("@sha256:" + "0" * 64)
+    assert container["args"][-2:] == ["--cluster", "--log-level=WARNING"]
+    view = one(objects, "ClusterRole", "gpushare-webhook-cluster-view")
+    assert {verb for rule in view["rules"] for verb in rule["verbs"]} == {"list", "watch"}
+
+
+def test_cluster_view_mounts_the_token_also_with_cert_manager(helm: str) -> None:
+    plain = template(helm, settings=["certificates.mode=cert-manager"])
+    assert pod_spec(plain)["automountServiceAccountToken"] is False
+    objects = template(
+        helm, settings=["certificates.mode=cert-manager", "clusterView.enabled=true"]
+    )
+    assert pod_spec(objects)["automountServiceAccountToken"] is True
+    binding = one(objects, "ClusterRoleBinding", "gpushare-webhook-cluster-view")
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": "gpushare-webhook", "namespace": NAMESPACE}
+    ]
+
+
+def test_notes_warn_when_a_custom_policy_keeps_the_default_scope(helm: str) -> None:
+    result = run(
+        [
+            helm,
+            "install",
+            "gpushare-webhook",
+            str(CHART),
+            "--dry-run=client",
+            "--namespace",
+            NAMESPACE,
+            "--values",
+            str(CHART / "ci" / "strict-policy-values.yaml"),
+        ]
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--print-match-conditions" in result.stdout
+    assert "--only cel" in result.stdout
+    default = run([helm, "install", "gpushare-webhook", str(CHART), "--dry-run=client"])
+    assert default.returncode == 0, default.stderr
+    assert "rollout status" in default.stdout
+    assert "--print-match-conditions" not in default.stdout
+
+
+# ---------------------------------------------------------------------- bad values
+
+
+@pytest.mark.parametrize(
+    ("settings", "complaint"),
+    [
+        (["replicas=0"], "replicas"),
+        (["certificates.mode=vault"], "mode"),
+        (["replica=3"], "replica"),
+        (["image.digest=latest"], "digest"),
+        (["extraArgs[0]=serve"], "extraArgs"),
+        (["networkPolicy.apiServerPorts[0]=70000"], "apiServerPorts"),
+        (["certificates.certManager.issuerRef.kind=Vault"], "kind"),
+        (["policy.matchConditions=not-a-list"], "policy.matchConditions"),
+        (["policy.file=x", "policy.spec.onError=allow"], "one way"),
+        (["policy.existingConfigMap=mine", "policy.file=x"], "one way"),
+        (["clusterView.secrets=true"], "clusterView.enabled"),
+    ],
+)
+def test_bad_values_are_refused(helm: str, settings: list[str], complaint: str) -> None:
+    argv = [helm, "template", "gpushare-webhook", str(CHART), "--namespace", NAMESPACE]
+    for setting in settings:
+        argv += ["--set", setting]
+    result = run(argv)
+    assert result.returncode != 0, f"{settings} rendered:\n{result.stdout[:500]}"
+    assert complaint in result.stderr, result.stderr
+
+
+# ---------------------------------------------------------------------- the README
+
+
+def readme_helm_commands() -> list[str]:
+    """The README's `helm install` examples, continuation lines joined."""
+    commands: list[str] = []
+    lines = iter((ROOT / "README.md").read_text("utf-8").splitlines())
+    for line in lines:
+        if line.startswith("    helm install "):
+            command = line.strip()
+            while command.endswith("\\"):
+                command = command[:-1] + next(lines).strip()
+            commands.append(command)
+    return commands
+
+
+def test_readme_has_helm_examples() -> None:
+    assert len(readme_helm_commands()) >= 3
+
+
+@pytest.mark.parametrize("command", readme_helm_commands())
+def test_readme_helm_example_renders_as_written(helm: str, command: str) -> None:
+    """Run from the repository root, as the README's reader does; template for install
+    (same flags, no cluster)."""
+    script = command.replace("helm install ", f"{helm} template ", 1)
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    result = subprocess.run(
+        ["bash", "-c", script],
+        cwd=ROOT,
+        env={**os.environ, "PATH": path},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "kind: Deployment" in result.stdout
