@@ -260,6 +260,9 @@ def _switched_off(container: Mapping[str, Any]) -> bool:
     return oom is UNKNOWN or oom in OOM_KILLER_OFF
 
 
+_ACCOUNTING: Final = {"aliyun.com": "default-scheduler", "volcano.sh": "volcano"}
+
+
 def should_block(pod: Mapping[str, Any]) -> list[str]:
     """Why DESIGN's default policy must refuse ``pod`` (created now), or [] when it need not."""
     spec = pod.get("spec")
@@ -316,7 +319,11 @@ def should_block(pod: Mapping[str, Any]) -> list[str]:
         if reserved(key):
             reasons.append("forged-allocation")
     scheduler = spec.get("schedulerName")
-    if sharing and scheduler not in (None, "", "default-scheduler", "hami-scheduler"):
+    # Who accounts for a vendor's slices: ACK's extender in the cluster's own scheduler,
+    # Volcano's scheduler, HAMi's for the rest; a pod mixing vendors gets HAMi's.
+    accounting = {_ACCOUNTING.get(n.split("/", 1)[0], "hami-scheduler") for n in sharing}
+    wanted = accounting.pop() if len(accounting) == 1 else "hami-scheduler"
+    if sharing and scheduler not in (None, "", "default-scheduler", wanted):
         reasons.append("scheduler-bypass")
     return reasons
 

@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from tests.paths import ROOT
-from webhook.core.policy import RULE_IDS, PolicyError
+from webhook.core.policy import RULE_IDS, Policy, PolicyError
+from webhook.core.policy import parse_policy as parse_core_policy
+from webhook.core.resources import PodRequests, read_pod
 from webhook.policies import DEFAULT_POLICY, load_policy, parse_policy
 
 EXAMPLES = sorted((ROOT / "policies" / "examples").glob("*.yaml"))
@@ -69,11 +71,11 @@ def test_partial_policy_keeps_defaults() -> None:
             "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  vgpu:\n"
             "    preload: envv\n  limits:\n    perPod: {gpus: 0}\n",
             [
-                "line 7: spec.limits.perPod.gpus: 0 is less than the minimum of 1",
                 "line 5: spec.vgpu.preload: 'envv' is not one of env, file",
+                "line 7: spec.limits.perPod.gpus: 0 is less than the minimum of 1",
             ],
         ),
-        ("apiVersion: [unclosed\n", ["line 2: not valid YAML"]),
+        ("apiVersion: [unclosed\n", ["line 2, column 1: not valid YAML: expected ',' or ']'"]),
         ("- a list\n", ["line 1: a policy is a YAML mapping"]),
     ],
 )
@@ -96,3 +98,111 @@ def test_digest_changes_with_content() -> None:
     b = parse_policy(head + "  schedulerName: b\n")
     assert a.digest != b.digest
     assert parse_policy(head + "  schedulerName: a\n").digest == a.digest
+
+
+# -- the scheduler of each resource family ---------------------------------------------
+
+_HEAD = "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n"
+
+
+def _asks(policy: Policy, *names: str) -> PodRequests:
+    """The requests of a pod with one container per resource name."""
+    containers = [
+        {"name": f"c{i}", "resources": {"limits": {name: "1"}}} for i, name in enumerate(names)
+    ]
+    return read_pod({"containers": containers}, policy)
+
+
+def test_default_keeps_each_vendor_on_the_scheduler_that_accounts_for_it() -> None:
+    def scheduler(*names: str) -> str:
+        return DEFAULT_POLICY.scheduler_for(_asks(DEFAULT_POLICY, *names))
+
+    assert scheduler("nvidia.com/gpu", "nvidia.com/gpumem") == "hami-scheduler"
+    assert scheduler("aliyun.com/gpu-mem") == "default-scheduler"
+    assert scheduler("aliyun.com/gpu-mem", "aliyun.com/gpu-core.percentage") == (
+        "default-scheduler"
+    )
+    assert scheduler("volcano.sh/vgpu-number", "volcano.sh/vgpu-memory") == "volcano"
+    # Neither vendor's scheduler accounts for the other's slices: the policy's own.
+    assert scheduler("aliyun.com/gpu-mem", "nvidia.com/gpumem") == "hami-scheduler"
+    assert scheduler("aliyun.com/gpu-mem", "volcano.sh/vgpu-memory") == "hami-scheduler"
+
+
+def test_old_single_scheduler_still_means_every_gpu_sharing_pod() -> None:
+    policy = parse_policy(_HEAD + "  schedulerName: my-scheduler\n")
+    assert policy.scheduler_name == "my-scheduler"
+    assert policy.resource_schedulers == {}
+    for names in (["nvidia.com/gpumem"], ["aliyun.com/gpu-mem"], ["volcano.sh/vgpu-memory"]):
+        assert policy.scheduler_for(_asks(policy, *names)) == "my-scheduler"
+    ack = load_policy(ROOT / "policies" / "examples" / "ack-mps.yaml")
+    assert ack.scheduler_for(_asks(ack, "aliyun.com/gpu-mem")) == "default-scheduler"
+
+
+def test_per_resource_schedulers_merge_onto_the_default() -> None:
+    policy = parse_policy(_HEAD + "  schedulerName:\n    default: my-hami\n")
+    assert policy.scheduler_for(_asks(policy, "nvidia.com/gpumem")) == "my-hami"
+    assert policy.scheduler_for(_asks(policy, "aliyun.com/gpu-mem")) == "default-scheduler"
+    # An entry that names the default scheduler is the same as none.
+    moved = parse_policy(_HEAD + "  schedulerName:\n    aliyun.com/gpu-mem: hami-scheduler\n")
+    assert "aliyun.com/gpu-mem" not in moved.resource_schedulers
+    assert moved.scheduler_for(_asks(moved, "aliyun.com/gpu-mem")) == "hami-scheduler"
+    assert moved.scheduler_for(_asks(moved, "aliyun.com/gpu-core.percentage")) == (
+        "default-scheduler"
+    )
+
+
+def test_inherited_entries_for_resources_a_policy_drops_are_moot() -> None:
+    policy = parse_policy(
+        _HEAD + "  resources:\n    memoryGiB: []\n    cores: [nvidia.com/gpucores]\n"
+    )
+    assert set(policy.resource_schedulers) == {
+        "volcano.sh/vgpu-number",
+        "volcano.sh/vgpu-memory",
+        "volcano.sh/vgpu-memory-percentage",
+    }
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('  schedulerName: ""\n', ["line 4: spec.schedulerName: '' should be non-empty"]),
+        ("  schedulerName: [a]\n", ["line 4: spec.schedulerName: ['a'] is not of type"]),
+        (
+            "  schedulerName:\n    default: 4\n",
+            ["line 5: spec.schedulerName.default: 4 is not of type 'string'"],
+        ),
+        (
+            '  allowedSchedulers: []\n  schedulerName:\n    default: x\n    aliyun.com/gpu-mem: ""\n',
+            ["line 7: spec.schedulerName.aliyun.com/gpu-mem: '' should be non-empty"],
+        ),
+        (
+            "  schedulerName:\n    aliyun.com/gpumem: default-scheduler\n"
+            "    nvidia.com/mig-1g.5gb: default-scheduler\n",
+            [
+                "line 5: spec.schedulerName.aliyun.com/gpumem: not a GPU-sharing resource "
+                "of the policy; list it in spec.resources",
+                "line 6: spec.schedulerName.nvidia.com/mig-1g.5gb: MIG instances are counted "
+                "by any scheduler",
+            ],
+        ),
+    ],
+)
+def test_bad_schedulers_name_their_line(body: str, expected: list[str]) -> None:
+    with pytest.raises(PolicyError) as caught:
+        parse_policy(_HEAD + body, source="p.yaml")
+    assert len(caught.value.errors) == len(expected), caught.value.errors
+    for error, prefix in zip(caught.value.errors, expected, strict=True):
+        assert error.startswith(prefix), error
+
+
+def test_a_per_resource_map_over_a_single_scheduler_needs_its_default() -> None:
+    base = load_policy(ROOT / "policies" / "examples" / "ack-mps.yaml")
+    text = _HEAD + "  schedulerName:\n    aliyun.com/gpu-mem: ack-scheduler\n"
+    with pytest.raises(PolicyError) as caught:
+        parse_core_policy(text, base=base, source="p.yaml")
+    assert caught.value.errors == [
+        "line 4: spec.schedulerName: a per-resource schedulerName needs default: "
+        "the scheduler of other GPU pods"
+    ]
+    fixed = parse_core_policy(text + "    default: default-scheduler\n", base=base)
+    assert fixed.scheduler_for(_asks(fixed, "aliyun.com/gpu-mem")) == "ack-scheduler"

@@ -413,7 +413,22 @@ def test_mutated_pod_carries_its_slice(kind_obj: tuple[str, Obj]) -> None:
     assert pod["metadata"]["annotations"]["gpushare.io/mode"] == decision.mode
     if decision.mode == "mps":
         assert LIBRARY not in json.dumps(decision.patch), "MPS pods get no libvgpu"
-    assert spec["schedulerName"] == "hami-scheduler"
+    # Each vendor's slices go to the scheduler that accounts for them (ACK's extender
+    # lives in the cluster's own scheduler); a pod mixing vendors gets HAMi's.
+    vendors = {
+        name.split("/", 1)[0]
+        for kind_ in ("containers", "initContainers", "ephemeralContainers")
+        for container in spec.get(kind_, [])
+        for part in ("limits", "requests")
+        for name in container.get("resources", {}).get(part, {})
+        if name.startswith(("nvidia.com/", "volcano.sh/", "aliyun.com/"))
+        and not name.startswith("nvidia.com/mig-")
+    }
+    if vendors == {"aliyun.com"}:
+        assert spec.get("schedulerName") in (None, "", "default-scheduler")
+    else:
+        wanted = "volcano" if vendors == {"volcano.sh"} else "hami-scheduler"
+        assert spec["schedulerName"] == wanted
     if decision.mode == "mps":
         assert spec["hostIPC"] is True
         assert spec["nodeSelector"]["ack.node.gpu.schedule"] == "mps"

@@ -48,6 +48,20 @@ def _annotated_mode(
     return None
 
 
+def named_mode(
+    *, annotations: Mapping[str, Any], node_selector: Mapping[str, Any], policy: Policy
+) -> Mode | None:
+    """The mode a pod's annotation or a nodeSelector the policy maps names, if any,
+    before its resources have a say (conflicts are :func:`choose_mode`'s to report)."""
+    chosen = _annotated_mode(annotations, policy, [])
+    if chosen is not None:
+        return chosen[0]
+    for s in policy.node_selector_modes:
+        if str(node_selector.get(s.key, "\0")) == s.value:
+            return s.mode
+    return None
+
+
 def _container_conflicts(requests: PodRequests, mode: Mode, source: str) -> Iterator[Finding]:
     """Containers whose resources the pod's mode cannot satisfy."""
     for request in requests.containers:

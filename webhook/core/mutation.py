@@ -27,7 +27,7 @@ from webhook.core.injection import (
     Injection,
     same_volume,
 )
-from webhook.core.policy import Mode, Policy
+from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
 from webhook.core.resources import ContainerRequest, PodRequests, describe
 from webhook.core.wire import PatchOp
 from webhook.core.workload import PodView, as_mapping
@@ -259,13 +259,14 @@ def _same_mount(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
     )
 
 
-def _scheduler_ops(out: Patch, spec: Mapping[str, Any], sp: str, policy: Policy) -> None:
+def _scheduler_ops(out: Patch, spec: Mapping[str, Any], sp: str, wanted: str) -> None:
     scheduler = spec.get("schedulerName")
-    # The apiserver defaults a missing schedulerName to default-scheduler.
-    effective = scheduler or "default-scheduler"
-    if effective == "default-scheduler" and effective != policy.scheduler_name:
+    # The apiserver defaults a missing schedulerName to default-scheduler; another name
+    # stays (scheduler-bypass judges it).
+    effective = scheduler or DEFAULT_SCHEDULER
+    if effective == DEFAULT_SCHEDULER and effective != wanted:
         op = "add" if scheduler is None else "replace"
-        out.add({"op": op, "path": f"{sp}/schedulerName", "value": policy.scheduler_name})
+        out.add({"op": op, "path": f"{sp}/schedulerName", "value": wanted})
 
 
 def _mps_pod_ops(out: Patch, spec: Mapping[str, Any], sp: str, policy: Policy) -> None:
@@ -381,7 +382,7 @@ def _edits(
     if mode not in ("vgpu", "mps"):
         return
     spec, sp = view.spec, view.spec_pointer
-    _scheduler_ops(out, spec, sp, policy)
+    _scheduler_ops(out, spec, sp, policy.scheduler_for(requests))
     if mode == "mps":
         _mps_pod_ops(out, spec, sp, policy)
     _annotation_ops(out, view, mode)

@@ -14,10 +14,13 @@ import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, cast
+from typing import TYPE_CHECKING, Any, Final, Literal, cast
 
 import jsonschema
 import yaml
+
+if TYPE_CHECKING:
+    from webhook.core.resources import PodRequests
 
 API_VERSION: Final = "gpushare.io/v1alpha1"
 KIND: Final = "GPUSharePolicy"
@@ -34,8 +37,11 @@ RULE_IDS: Final = (
     "scheduler-bypass",
     "forged-allocation",
     "unmutated-gpu-pod",
+    "no-fitting-node",
 )
 MODES: Final = ("vgpu", "mps", "mig")
+# The cluster's own scheduler: a pod without a schedulerName gets it.
+DEFAULT_SCHEDULER: Final = "default-scheduler"
 ACTIONS: Final = ("deny", "warn", "audit", "off")
 
 Action = Literal["deny", "warn", "audit", "off"]
@@ -73,7 +79,12 @@ SCHEMA: Final[dict[str, Any]] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                "schedulerName": {"type": "string", "minLength": 1},
+                # One scheduler for every GPU-sharing pod, or {default: ..., <resource>: ...}.
+                "schedulerName": {
+                    "type": ["string", "object"],
+                    "minLength": 1,
+                    "additionalProperties": {"type": "string", "minLength": 1},
+                },
                 "allowedSchedulers": _STRINGS,
                 "onError": {"enum": ["deny", "allow"]},
                 "resources": {
@@ -152,6 +163,36 @@ SCHEMA: Final[dict[str, Any]] = {
                     "propertyNames": {"enum": list(RULE_IDS)},
                     "additionalProperties": {"enum": list(ACTIONS)},
                 },
+                "cluster": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "configMapEnv": {"type": "boolean"},
+                        "secretEnv": {"type": "boolean"},
+                    },
+                },
+                # Node pools cut into MIG instances (with the cluster view).
+                "mig": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "pools": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["nodeSelector"],
+                                "properties": {
+                                    "nodeSelector": {
+                                        "type": "object",
+                                        "additionalProperties": {"type": "string"},
+                                    },
+                                    "translate": {"type": "boolean"},
+                                },
+                            },
+                        },
+                    },
+                },
                 "reservedAnnotations": _STRINGS,
                 "reservedAnnotationWriters": _IDENTITIES,
                 "hostPaths": {
@@ -200,6 +241,22 @@ class NodeSelectorMode:
 
 
 @dataclass(frozen=True, slots=True)
+class MigPool:
+    """Nodes cut into MIG instances: those matching ``node_selector``.
+
+    With ``translate`` a pod that selects them and asks for GPU memory gets the smallest
+    MIG instance that holds it; without, it is told which one to ask for.
+    """
+
+    node_selector: Mapping[str, str]
+    translate: bool = True
+
+    def selected_by(self, node_selector: Mapping[str, Any]) -> bool:
+        """A pod with ``node_selector`` can only land on this pool's nodes."""
+        return all(node_selector.get(k) == v for k, v in self.node_selector.items())
+
+
+@dataclass(frozen=True, slots=True)
 class Maxima:
     gpus: int | None = None
     memory_mib: int | None = None
@@ -232,7 +289,10 @@ class Policy:
 
     name: str
     digest: str
+    # The scheduler of GPU-sharing pods, and the resources another scheduler accounts
+    # for (the policy's sharing resources only, in policy order): see scheduler_for.
     scheduler_name: str
+    resource_schedulers: Mapping[str, str]
     allowed_schedulers: frozenset[str]
     on_error: Literal["deny", "allow"]
     count_resources: frozenset[str]
@@ -273,6 +333,10 @@ class Policy:
     # reserved_annotations as one compiled pattern: a glob match per key and pattern
     # (fnmatch) costs microseconds on every request.
     reserved_pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    # With a cluster view: judge env that pods take from ConfigMaps / Secrets.
+    config_map_env: bool = False
+    secret_env: bool = False
+    mig_pools: tuple[MigPool, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -293,6 +357,23 @@ class Policy:
 
     def action(self, rule: str) -> Action:
         return self.actions[rule]
+
+    def scheduler_for(self, requests: PodRequests) -> str:
+        """The scheduler that accounts for a pod's shared GPUs.
+
+        A resource's scheduler when every sharing resource the pod asks for is that
+        scheduler's; ``scheduler_name`` otherwise, also for a pod that mixes resources
+        of two schedulers (neither can account for the other's).
+        """
+        if not self.resource_schedulers:
+            return self.scheduler_name
+        default = self.scheduler_name
+        found = {
+            self.resource_schedulers.get(resource, default)
+            for request in requests.containers
+            for resource in request.sharing_resources
+        }
+        return found.pop() if len(found) == 1 else default
 
     def is_gpu_resource(self, name: str) -> bool:
         return name in self.gpu_resources or name.startswith(self.mig_prefixes)
@@ -328,26 +409,51 @@ def _merge(base: dict[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
     return merged
 
 
-def _line_of(node: yaml.Node | None, path: Iterable[Any]) -> int | None:
-    """The 1-based line of the YAML node at ``path`` (or of its closest ancestor)."""
-    line = node.start_mark.line + 1 if node is not None else None
+def _position_of(node: yaml.Node | None, path: Iterable[Any]) -> tuple[int, int]:
+    """The 1-based line and column of the YAML node at ``path`` (or of its closest ancestor)."""
+    mark = node.start_mark if node is not None else None
     for part in path:
         if isinstance(node, yaml.MappingNode):
             for key_node, value_node in node.value:
                 if getattr(key_node, "value", None) == str(part):
                     node = value_node
-                    line = key_node.start_mark.line + 1
+                    mark = key_node.start_mark
                     break
             else:
-                return line
+                break
         elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
             if part >= len(node.value):
-                return line
+                break
             node = node.value[part]
-            line = node.start_mark.line + 1
+            mark = node.start_mark
         else:
-            return line
-    return line
+            break
+    return (mark.line + 1, mark.column + 1) if mark is not None else (1, 1)
+
+
+def describe_yaml_error(exc: yaml.YAMLError, *, text: str, what: str) -> str:
+    """``line L, column C: <what>: <the parser's own reason>``, for a YAML error in ``text``.
+
+    The reason is what to fix ("mapping values are not allowed here"); where the parser
+    says what it was inside, that construct's first line follows. One line, always.
+    """
+    if isinstance(exc, yaml.reader.ReaderError):
+        # Raised before parsing, with an offset into the text instead of a mark.
+        before = text[: exc.position]
+        line, column = before.count("\n") + 1, exc.position - before.rfind("\n")
+        code = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        return f"line {line}, column {column}: {what}: character #x{code:04x}: {exc.reason}"
+    if not isinstance(exc, yaml.MarkedYAMLError) or exc.problem is None:
+        return f"{what}: {' '.join(str(exc).split())}"
+    mark = exc.problem_mark
+    where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+    reason = exc.problem
+    if exc.context:
+        started = exc.context_mark
+        reason += f" ({exc.context}" + (
+            f" started at line {started.line + 1})" if started is not None else ")"
+        )
+    return f"{where}{what}: {reason}"
 
 
 def _normalise_rule_actions(document: dict[str, Any]) -> None:
@@ -370,26 +476,38 @@ def parse_policy(text: str, *, base: Policy | None, source: str = "<policy>") ->
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         document = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise PolicyError(source, [f"{where}not valid YAML: {problem}"]) from None
+        reason = describe_yaml_error(exc, text=text, what="not valid YAML")
+        raise PolicyError(source, [reason]) from None
     if not isinstance(document, dict):
         raise PolicyError(source, ["line 1: a policy is a YAML mapping with apiVersion and kind"])
     _normalise_rule_actions(document)
-    errors = []
-    for error in sorted(_VALIDATOR.iter_errors(document), key=lambda e: list(e.absolute_path)):
+    # (line, column, field) first: errors are read top to bottom, next to the file.
+    found: list[tuple[tuple[int, int], str, str]] = []
+    for error in _VALIDATOR.iter_errors(document):
         path = list(error.absolute_path)
         keys = _offending_keys(error, document)
         for key in keys:
             dotted = ".".join(str(p) for p in [*path, key])
-            errors.append(f"line {_line_of(node, [*path, key])}: {dotted}: {_describe(error)}")
+            found.append((_position_of(node, [*path, key]), dotted, _describe(error)))
         if not keys:
             dotted = ".".join(str(p) for p in path) or "(top level)"
-            errors.append(f"line {_line_of(node, path)}: {dotted}: {_describe(error)}")
-    if errors:
+            found.append((_position_of(node, path), dotted, _describe(error)))
+    if found:
+        found.sort()
+        errors = [f"line {line}: {dotted}: {what}" for (line, _), dotted, what in found]
         raise PolicyError(source, errors)
-    return compile_policy(document, base=base)
+    policy = compile_policy(document, base=base)
+    # Checked on the compiled policy: whether a name is a GPU resource depends on the base.
+    problems = _scheduler_problems(document, policy) + _mig_problems(policy)
+    if problems:
+        raise PolicyError(
+            source,
+            [
+                f"line {_position_of(node, path)[0]}: {'.'.join(map(str, path))}: {why}"
+                for path, why in problems
+            ],
+        )
+    return policy
 
 
 def _offending_keys(error: jsonschema.ValidationError, document: Any) -> list[str]:
@@ -426,10 +544,21 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
     """Compile a schema-valid document, filling what it leaves out from ``base``."""
     base_spec = cast(dict[str, Any], copy.deepcopy(base.spec)) if base is not None else {}
     spec = _merge(base_spec, document.get("spec") or {})
+    spec["schedulerName"] = _schedulers(spec["schedulerName"], spec["resources"])
     name = str((document.get("metadata") or {}).get("name", "unnamed"))
     canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
     res = spec["resources"]
+    schedulers = spec["schedulerName"]
+    # A map without a default (only over a single name) is refused by parse_policy.
+    scheduler_name = (
+        schedulers if isinstance(schedulers, str) else schedulers.get("default", DEFAULT_SCHEDULER)
+    )
+    resource_schedulers = {
+        name: scheduler
+        for name, scheduler in ({} if isinstance(schedulers, str) else schedulers).items()
+        if name != "default" and scheduler != scheduler_name
+    }
     modes = spec["modes"]
     vgpu = spec["vgpu"]
     limits = spec["limits"]
@@ -437,7 +566,8 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
     return Policy(
         name=name,
         digest=digest,
-        scheduler_name=spec["schedulerName"],
+        scheduler_name=scheduler_name,
+        resource_schedulers=resource_schedulers,
         allowed_schedulers=frozenset(spec["allowedSchedulers"]),
         on_error=spec["onError"],
         count_resources=frozenset(res["count"]),
@@ -475,7 +605,78 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         container_maxima=_maxima(limits["perContainer"]),
         pod_maxima=_maxima(limits["perPod"]),
         spec=spec,
+        config_map_env=bool(spec.get("cluster", {}).get("configMapEnv", False)),
+        secret_env=bool(spec.get("cluster", {}).get("secretEnv", False)),
+        mig_pools=tuple(
+            MigPool(node_selector=dict(pool["nodeSelector"]), translate=pool.get("translate", True))
+            for pool in spec.get("mig", {}).get("pools", ())
+        ),
     )
+
+
+def _schedulers(
+    raw: str | Mapping[str, str], resources: Mapping[str, list[str]]
+) -> str | dict[str, str]:
+    """``schedulerName`` without the entries a merge brought in for resources this
+    policy does not have (moot, and a dumped policy must parse again)."""
+    if isinstance(raw, str):
+        return raw
+    mig = tuple(resources["migPrefixes"])
+    sharing = {
+        name
+        for kind, names in resources.items()
+        if kind != "migPrefixes"
+        for name in names
+        if not name.startswith(mig)
+    }
+    return {name: s for name, s in raw.items() if name in sharing or name == "default"}
+
+
+def _scheduler_problems(document: Mapping[str, Any], policy: Policy) -> list[tuple[list[Any], str]]:
+    """Per-resource schedulers the document names that cannot take effect, by path."""
+    written = (document.get("spec") or {}).get("schedulerName")
+    if not isinstance(written, Mapping):
+        return []
+    path: list[Any] = ["spec", "schedulerName"]
+    problems: list[tuple[list[Any], str]] = []
+    if "default" not in policy.spec["schedulerName"]:
+        problems.append(
+            (path, "a per-resource schedulerName needs default: the scheduler of other GPU pods")
+        )
+    for name in written:
+        if name == "default" or (
+            name in policy.gpu_resources and not name.startswith(policy.mig_prefixes)
+        ):
+            continue
+        if name.startswith(policy.mig_prefixes):
+            why = "MIG instances are counted by any scheduler and MIG pods keep theirs; remove it"
+        else:
+            why = "not a GPU-sharing resource of the policy; list it in spec.resources or fix the name"
+        problems.append(([*path, name], why))
+    return problems
+
+
+def _mig_problems(policy: Policy) -> list[tuple[list[Any], str]]:
+    """MIG pools that could never take effect, by path."""
+    problems: list[tuple[list[Any], str]] = []
+    pools = policy.mig_pools
+    if pools and not "nvidia.com/mig-".startswith(policy.mig_prefixes):
+        problems.append(
+            (["spec", "mig", "pools"], "MIG pools need nvidia.com/mig- in resources.migPrefixes")
+        )
+    for later, pool in enumerate(pools):
+        for earlier in range(later):
+            # The first pool a pod selects wins: one selected whenever this one is hides it.
+            if pools[earlier].selected_by(pool.node_selector):
+                problems.append(
+                    (
+                        ["spec", "mig", "pools", later, "nodeSelector"],
+                        f"pool {earlier + 1} already takes every pod this one would; "
+                        "list the narrower nodeSelector first or remove one",
+                    )
+                )
+                break
+    return problems
 
 
 def _maxima(raw: Mapping[str, int]) -> Maxima:

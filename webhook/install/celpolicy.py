@@ -22,7 +22,8 @@ tests/e2e/test_celpolicy.py compares the two on generated objects):
   non-empty, ACTIVE_OOM_KILLER false/0, any of them from valueFrom or with $(VAR), in a
   GPU pod. Limits above the request stay the webhook's (they need the parsed request).
 - scheduler-bypass: a GPU-sharing pod (or template) in mode vgpu or mps naming a
-  scheduler other than the policy's, default-scheduler, empty or an allowed one; the
+  scheduler other than the one that accounts for its resources (the policy's
+  per-resource schedulerName), default-scheduler, empty or an allowed one; the
   mode is chosen as the core chooses it (mode annotations, node selectors, MIG
   resources, the namespace's mode, the default).
 - forged-allocation: a reserved annotation on a created pod or template; on a pod
@@ -51,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from webhook.core.policy import Action, Identities, Policy
+from webhook.core.policy import DEFAULT_SCHEDULER, Action, Identities, Policy
 from webhook.core.resources import CONTAINER_KINDS
 from webhook.core.workload import TEMPLATE_PATHS
 from webhook.install.scope import literal
@@ -414,13 +415,33 @@ def _pod_rule(test: PodTest) -> str:
     return f"!(({new}) && !(variables.podUpdate && ({old})))"
 
 
+def _wanted_scheduler(policy: Policy) -> str:
+    """``Policy.scheduler_for`` of a sharing pod: a resource's scheduler when every
+    sharing resource the pod asks for is that scheduler's, else the policy's."""
+    by_scheduler: dict[str, list[str]] = {}
+    for resource, scheduler in policy.resource_schedulers.items():
+        by_scheduler.setdefault(scheduler, []).append(resource)
+    expression = literal(policy.scheduler_name)
+    for scheduler, resources in sorted(by_scheduler.items(), reverse=True):
+        others = sorted(policy.gpu_resources.difference(resources))
+        other = f"r in {_list(others)} && !({_mig_test(policy)})" if others else "false"
+        expression = (
+            f"!({_requests('variables.containers', other)}) ? {literal(scheduler)} : ({expression})"
+        )
+    return expression
+
+
 def _scheduler(policy: Policy) -> str:
-    allowed = _list(
-        sorted({"", "default-scheduler", policy.scheduler_name, *policy.allowed_schedulers})
-    )
+    name = "variables.spec.schedulerName"
+    if policy.resource_schedulers:
+        static = {"", DEFAULT_SCHEDULER, *policy.allowed_schedulers}
+        allowed = f"{name} in {_list(sorted(static))} || {name} == ({_wanted_scheduler(policy)})"
+    else:
+        static = {"", DEFAULT_SCHEDULER, policy.scheduler_name, *policy.allowed_schedulers}
+        allowed = f"{name} in {_list(sorted(static))}"
     return (
         "!(variables.created && variables.mode in ['vgpu', 'mps'] && variables.sharing && "
-        f"has(variables.spec.schedulerName) && !(variables.spec.schedulerName in {allowed}))"
+        f"has({name}) && !({allowed}))"
     )
 
 
