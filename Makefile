@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint typecheck unit venv bench clean
+.PHONY: run test lint typecheck unit venv bench clean dev-cluster
 
 $(BIN)/gpushare-webhook: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,12 +23,24 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# kube-apiserver and etcd for tests/e2e, built from Go modules and cached (seconds
-# when cached). Without Go the e2e suite says it is skipped; in CI it fails.
+# kube-apiserver and etcd for tests/e2e, and helm for the chart's tests, built from
+# Go modules and cached (seconds when cached). Without Go those tests say they are
+# skipped; in CI they fail.
 unit: venv
-	GPUSHARE_TESTBIN="$$(command -v go >/dev/null && hack/build-testbin | tail -1)" $(BIN)/pytest
+	GPUSHARE_TESTBIN="$$(command -v go >/dev/null && hack/build-testbin | tail -1)" \
+	GPUSHARE_HELM="$$(command -v go >/dev/null && hack/build-helm | tail -1)" \
+	$(BIN)/pytest
 
 test: lint typecheck unit
+
+# etcd, kube-apiserver and the webhook on loopback until Ctrl-C (hack/dev-cluster). The
+# first run builds the control plane (minutes, with progress lines; cached after) unless
+# GPUSHARE_TESTBIN names it. Options go in ARGS: make dev-cluster ARGS='--policy FILE'
+DEV_KUBECONFIG ?= /tmp/gpushare-dev.kubeconfig
+
+dev-cluster: venv
+	$(if $(GPUSHARE_TESTBIN),,hack/build-testbin >/dev/null)
+	VENV=$(abspath $(VENV)) hack/dev-cluster --kubeconfig $(DEV_KUBECONFIG) $(ARGS)
 
 bench: venv
 	$(BIN)/python bench/core.py

@@ -1,4 +1,4 @@
-"""The ``gpushare-webhook`` command line: review, lint, serve, certs, manifests, verify.
+"""The ``gpushare-webhook`` command line: review, lint, serve, certs, manifests, verify, report, inspect.
 
 Each subcommand lives in a module of its own with a ``register`` function; this one
 assembles them and maps domain errors to one clear line on stderr and an exit code,
@@ -11,9 +11,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from webhook.cli import certs, manifests, review, serve, verify
+from webhook.cli import certs, inspect, manifests, report, review, serve, verify
 from webhook.cli.common import EXIT_OK, EXIT_USAGE, Parser, UsageError
 from webhook.core.policy import PolicyError
+from webhook.version import version
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,14 +22,18 @@ def build_parser() -> argparse.ArgumentParser:
         prog="gpushare-webhook",
         description="Admission webhook and policy enforcement for GPU sharing on Kubernetes.",
     )
+    parser.add_argument("--version", action="version", version=f"gpushare-webhook {version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in (review, serve, certs, manifests, verify):
+    for command in (review, serve, certs, manifests, verify, report, inspect):
         command.register(commands)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+def main(
+    argv: Sequence[str] | None = None, *, parser: argparse.ArgumentParser | None = None
+) -> int:
+    """Run a command line; ``parser`` parses it instead of the full one (the kubectl plugin)."""
+    parser = parser if parser is not None else build_parser()
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args, sys.stdin, sys.stdout))

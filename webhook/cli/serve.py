@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import logging
 import sys
-from typing import TYPE_CHECKING, TextIO
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any, TextIO
 
 from webhook.cli.common import Commands, UsageError
 
@@ -13,13 +15,22 @@ if TYPE_CHECKING:
     from webhook.certs.selfmanaged import SelfManagedConfig
 
 
-_SELF_MANAGED_OPTIONS = ("namespace", "service", "secret", "webhook_config", "kubeconfig")
+_SELF_MANAGED_OPTIONS = (
+    "namespace",
+    "service",
+    "secret",
+    "webhook_config",
+    "kubeconfig",
+    "keep_scope",
+)
 
 
 def _self_managed(args: argparse.Namespace) -> SelfManagedConfig | None:
     given = {name: getattr(args, name) for name in _SELF_MANAGED_OPTIONS}
     given = {name: value for name, value in given.items() if value is not None}
     if not args.self_managed:
+        if args.cluster:
+            given.pop("kubeconfig", None)  # it also says where --cluster watches
         if given:
             flags = ", ".join("--" + name.replace("_", "-") for name in given)
             raise UsageError(f"{flags}: only with --self-managed")
@@ -40,11 +51,50 @@ def _self_managed(args: argparse.Namespace) -> SelfManagedConfig | None:
     return config
 
 
+def _cluster(args: argparse.Namespace) -> dict[str, Any]:
+    """The ServerConfig fields of the cluster view options."""
+    given = [
+        flag
+        for flag, value in (
+            ("--cluster-stale-after", args.cluster_stale_after),
+            ("--cluster-resync", args.cluster_resync),
+        )
+        if value is not None
+    ]
+    if not args.cluster:
+        if given:
+            raise UsageError(f"{', '.join(given)}: only with --cluster")
+        return {}
+    from webhook.cluster.client import ClusterAccessError, api_client
+    from webhook.cluster.watch import Settings
+
+    try:  # fail at start, in one line, rather than in every worker
+        api_client(args.kubeconfig).close()
+    except ClusterAccessError as exc:
+        raise UsageError(f"--cluster: {exc}") from None
+    settings = Settings()
+    stale_after = args.cluster_stale_after or settings.stale_after
+    resync = args.cluster_resync or settings.resync
+    if stale_after < 10 or resync < 60:
+        raise UsageError("--cluster-stale-after must be at least 10, --cluster-resync at least 60")
+    return {
+        "cluster": True,
+        "cluster_kubeconfig": args.kubeconfig,
+        "cluster_settings": replace(
+            settings,
+            stale_after=stale_after,
+            resync=resync,
+            # A quiet watch is reopened well before it could count as stale.
+            read_timeout=min(settings.read_timeout, stale_after / 2),
+        ),
+    }
+
+
 def command_serve(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
     # The server stack is imported here so review and lint start fast.
     from webhook.certs.material import CertificateError
     from webhook.service.limits import Limits
-    from webhook.service.process import LOG_FORMAT, ServerConfig, run
+    from webhook.service.process import LOG_FORMAT, ListenError, ServerConfig, run
 
     logging.basicConfig(level=args.log_level, stream=sys.stderr, format=LOG_FORMAT)
     if args.workers < 1:
@@ -75,11 +125,17 @@ def command_serve(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> in
         sans=args.san,
         self_managed=self_managed,
         limits=limits,
+        **_cluster(args),
     )
     try:
         return run(config)
     except CertificateError as exc:
         raise UsageError(str(exc)) from None
+    except ListenError as exc:
+        flag = "--port" if exc.listener == "webhook" else "--health-port"
+        in_use = exc.errno == errno.EADDRINUSE
+        hint = "stop what listens there or choose another" if in_use else "check"
+        raise UsageError(f"{exc}; {hint} {flag}") from None
     except OSError as exc:
         raise UsageError(f"cannot serve: {exc}") from None
 
@@ -177,8 +233,37 @@ def register(commands: Commands) -> None:
         help="name of the Mutating and ValidatingWebhookConfiguration (default gpushare-webhook)",
     )
     managed.add_argument(
+        "--no-keep-scope",
+        dest="keep_scope",
+        action="store_false",
+        default=None,
+        help="leave the webhooks' matchConditions and the CEL policies as installed; by "
+        "default the leader re-renders them from the policy in force whenever it changes",
+    )
+    managed.add_argument(
         "--kubeconfig",
-        help="kubeconfig file (default: in-cluster service account, else $KUBECONFIG "
-        "or ~/.kube/config)",
+        help="kubeconfig file, for --self-managed and --cluster (default: in-cluster "
+        "service account, else $KUBECONFIG or ~/.kube/config)",
+    )
+    view = serve.add_argument_group(
+        "cluster view",
+        "watch Nodes, Namespaces, ResourceQuotas and ConfigMaps (read-only) so decisions "
+        "can use them: ConfigMap env values, gpumem-percentage in MiB, no-fitting-node, "
+        "Pod Security of the namespace, GPU quotas, MIG translation. While the view is not "
+        "synced, decisions fall back to the pod spec; nothing waits for the API",
+    )
+    view.add_argument("--cluster", action="store_true", help="turn the cluster view on")
+    view.add_argument(
+        "--cluster-stale-after",
+        type=float,
+        metavar="SECONDS",
+        help="fall back to the pod spec when a watched kind has heard nothing from the API "
+        "this long (default 120)",
+    )
+    view.add_argument(
+        "--cluster-resync",
+        type=float,
+        metavar="SECONDS",
+        help="relist every kind this often, even while its watch is healthy (default 1800)",
     )
     serve.set_defaults(handler=command_serve)

@@ -114,6 +114,8 @@ class Webhook:
     port: int = field(default_factory=free_port)
     health_port: int = field(default_factory=free_port)
     process: _Process | None = None
+    # With a kubeconfig the webhook watches that cluster (serve --cluster).
+    kubeconfig: Path | None = None
 
     @property
     def cert_dir(self) -> Path:
@@ -148,6 +150,7 @@ class Webhook:
                 str(self.policy),
                 "--audit-log",
                 str(self.audit_log),
+                *(["--cluster", "--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else []),
             ],
             stdout=handle,
             stderr=handle,
@@ -163,6 +166,27 @@ class Webhook:
 
     def ca_bundle(self) -> bytes:
         return (self.cert_dir / "ca.crt").read_bytes()
+
+    def readyz(self) -> dict[str, Any]:
+        import json
+        import urllib.request
+
+        url = f"http://127.0.0.1:{self.health_port}/readyz"
+        with urllib.request.urlopen(url, timeout=2) as response:  # our own loopback port
+            body: dict[str, Any] = json.load(response)
+        return body
+
+    def wait_for_view(self, *, timeout: float = _WEBHOOK_TIMEOUT) -> None:
+        """Wait until the webhook's cluster view is synced (its /readyz says so)."""
+        deadline = time.monotonic() + timeout
+        last: Any = None
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError, ValueError):
+                last = self.readyz().get("cluster")
+                if last and last.get("synced"):
+                    return
+            time.sleep(0.1)
+        raise ClusterError(f"the webhook's cluster view did not sync in {timeout:.0f}s: {last}")
 
 
 def _wait_for_port(process: _Process, port: int, *, timeout: float) -> None:
@@ -344,8 +368,13 @@ class DevCluster:
         configuration.api_key = {"authorization": f"Bearer {self.token}"}
         return client.ApiClient(configuration)
 
-    def start_webhook(self) -> Webhook:
-        self.webhook = Webhook(workdir=self.workdir, policy=self.policy)
+    def start_webhook(self, *, cluster_view: bool = True) -> Webhook:
+        """Start the webhook; with ``cluster_view`` it watches this cluster as admin."""
+        kubeconfig = None
+        if cluster_view:
+            kubeconfig = self.workdir / "webhook.kubeconfig"
+            self.write_kubeconfig(kubeconfig)
+        self.webhook = Webhook(workdir=self.workdir, policy=self.policy, kubeconfig=kubeconfig)
         self.webhook.start()
         return self.webhook
 
@@ -477,6 +506,8 @@ def running(*, bin_dir: Path, policy: Path, workdir: Path) -> Iterator[DevCluste
         cluster.start_webhook()
         cluster.register_webhooks()
         cluster.probe()
+        assert cluster.webhook is not None
+        cluster.webhook.wait_for_view()
         yield cluster
     finally:
         cluster.stop()
@@ -518,7 +549,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             cluster.write_kubeconfig(Path(args.kubeconfig))
             print(
                 f"ready: kube-apiserver {cluster.server}, webhook {cluster.webhook.url if cluster.webhook else ''}, "
-                f"kubeconfig {args.kubeconfig}, policy {policy}, audit {workdir / 'audit.log'}",
+                f"kubeconfig {args.kubeconfig}, policy {policy}, audit {workdir / 'audit.log'}, "
+                "cluster view on",
                 flush=True,
             )
             while not stop.wait(0.5):

@@ -25,6 +25,8 @@ from opentelemetry.sdk.trace import TracerProvider
 from webhook.certs.contexts import CertificateReloader
 from webhook.certs.files import ensure_dev_certificates
 from webhook.certs.material import CertificateError, CertPaths
+from webhook.cluster.watch import ClusterWatch
+from webhook.cluster.watch import Settings as WatchSettings
 from webhook.service import loop as serving_loop
 from webhook.service.audit import AuditSink
 from webhook.service.limits import (
@@ -43,7 +45,7 @@ from webhook.service.tracing import configure as configure_tracing
 
 if TYPE_CHECKING:
     # Imported when used: it loads the kubernetes client, which only this mode needs.
-    from webhook.certs.selfmanaged import SelfManagedConfig
+    from webhook.certs.selfmanaged import SelfManagedCertificates, SelfManagedConfig
 
 log = logging.getLogger(__name__)
 
@@ -74,18 +76,53 @@ class ServerConfig:
     limits: Limits = field(default_factory=Limits)
     # Certificates from a Secret the webhook keeps itself, written to cert_dir.
     self_managed: SelfManagedConfig | None = None
+    # The watched cluster view (serve --cluster): from this kubeconfig, else in-cluster.
+    cluster: bool = False
+    cluster_kubeconfig: str | None = None
+    cluster_settings: WatchSettings = field(default_factory=WatchSettings)
 
 
-def _listen(host: str, port: int, *, reuse_port: bool) -> socket.socket:
+class ListenError(OSError):
+    """A listener's address that cannot be bound: which listener, where, and why."""
+
+    def __init__(self, cause: OSError, *, listener: str, host: str, port: int) -> None:
+        super().__init__(cause.errno, cause.strerror)
+        self.listener = listener
+        self.host = host
+        self.port = port
+
+    def __str__(self) -> str:
+        address = f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+        return f"cannot listen on {address} for the {self.listener} port: {self.strerror}"
+
+
+def _listen(host: str, port: int, *, reuse_port: bool, listener: str) -> socket.socket:
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    if reuse_port:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
-    sock.bind((host, port))
-    sock.listen(LISTEN_BACKLOG)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        if reuse_port:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind((host, port))
+        sock.listen(LISTEN_BACKLOG)
+    except OSError as exc:
+        sock.close()
+        raise ListenError(exc, listener=listener, host=host, port=port) from exc
     sock.setblocking(False)
     return sock
+
+
+def _listen_both(config: ServerConfig) -> tuple[socket.socket, socket.socket]:
+    """The webhook's and the health port's sockets, or neither."""
+    sock = _listen(config.host, config.port, reuse_port=config.reuse_port, listener="webhook")
+    try:
+        health = _listen(
+            config.host, config.health_port, reuse_port=config.reuse_port, listener="health"
+        )
+    except OSError:
+        sock.close()
+        raise
+    return sock, health
 
 
 @dataclass(slots=True)
@@ -105,6 +142,7 @@ class Service:
     tracer_provider: TracerProvider | None = None
     gates: list[ConnectionGate] = field(default_factory=list)
     trimmer: HeapTrimmer | None = None
+    cluster: ClusterWatch | None = None
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush the audit log."""
@@ -136,10 +174,21 @@ class Service:
 
 
 async def start(
-    config: ServerConfig, *, ssl_context: ssl.SSLContext, extra_tasks: list[Any] | None = None
+    config: ServerConfig,
+    *,
+    ssl_context: ssl.SSLContext,
+    extra_tasks: list[Any] | None = None,
+    store: PolicyStore | None = None,
 ) -> Service:
     """Start both listeners; returns once they accept connections."""
-    store = PolicyStore(config.policy)
+    store = store or PolicyStore(config.policy)
+    # The ports before the audit file: one in use fails here, with nothing open to undo.
+    try:
+        sock, health_sock = _listen_both(config)
+    except OSError:
+        for coroutine in extra_tasks or []:
+            coroutine.close()  # never to run; closed, they do not warn "never awaited"
+        raise
     sink = AuditSink(
         config.audit_log, max_bytes=config.audit_max_bytes, backups=config.audit_backups
     )
@@ -153,12 +202,14 @@ async def start(
     store.listeners.append(on_reload)
     state = ServiceState()
     tracing = configure_tracing()
+    cluster = _cluster_watch(config, metrics, store) if config.cluster else None
     app = create_app(
         store=store,
         sink=sink,
         metrics=metrics,
         state=state,
         observers=[tracing[0]] if tracing else [],
+        cluster=cluster,
     )
     runner = web.AppRunner(
         app, access_log=None, shutdown_timeout=config.shutdown_timeout, handle_signals=False
@@ -183,17 +234,20 @@ async def start(
     health_gate = ConnectionGate(
         "health", health_limits, cap_in_flight=False, on_limit=on_limit, trimmer=trimmer
     )
-    sock = _listen(config.host, config.port, reuse_port=config.reuse_port)
     await LimitedSite(
         runner, sock, gate=gate, ssl_context=ssl_context, backlog=LISTEN_BACKLOG
     ).start()
-    health = create_health_app(state=state, metrics=metrics, store=store)
+    health = create_health_app(
+        state=state, metrics=metrics, store=store, cluster=cluster.status if cluster else None
+    )
     health_runner = web.AppRunner(health, access_log=None, handle_signals=False)
     await health_runner.setup()
-    health_sock = _listen(config.host, config.health_port, reuse_port=config.reuse_port)
     await LimitedSite(health_runner, health_sock, gate=health_gate, backlog=LISTEN_BACKLOG).start()
     tasks = [asyncio.create_task(store.watch(config.policy_poll_interval))]
     tasks.extend(asyncio.create_task(coro) for coro in extra_tasks or [])
+    if cluster is not None:
+        # Ready at once: until the view is synced, decisions fall back to the pod spec.
+        tasks.append(asyncio.create_task(cluster.run()))
     state.ready = True
     return Service(
         runner=runner,
@@ -209,7 +263,38 @@ async def start(
         tracer_provider=tracing[1] if tracing else None,
         gates=[gate, health_gate],
         trimmer=trimmer,
+        cluster=cluster,
     )
+
+
+def _cluster_watch(config: ServerConfig, metrics: Metrics, store: PolicyStore) -> ClusterWatch:
+    """The cluster view of ``serve --cluster``, reported in metrics, watching ConfigMaps
+    and Secrets only while the policy in force judges env taken from them (its threads
+    start with :meth:`ClusterWatch.run`)."""
+    from kubernetes import client
+
+    from webhook.cluster.client import api_client
+
+    # The client's stubs know only its models; the raw list calls take plain kwargs.
+    core: Any = client.CoreV1Api(api_client(config.cluster_kubeconfig))
+    watch = ClusterWatch(core, settings=config.cluster_settings)
+    policy = store.policy
+    watch.want("configmaps", policy.config_map_env)
+    watch.want("secrets", policy.secret_env)
+
+    def on_reload(ok: bool) -> None:
+        if ok:
+            watch.want("configmaps", store.policy.config_map_env)
+            watch.want("secrets", store.policy.secret_env)
+
+    store.listeners.append(on_reload)
+    watch.on_event = metrics.track_cluster(
+        synced=lambda: watch.view.synced,
+        age=watch.age,
+        objects=watch.objects,
+        kinds=watch.kind_names,
+    )
+    return watch
 
 
 async def serve_forever(
@@ -218,11 +303,12 @@ async def serve_forever(
     ssl_context: ssl.SSLContext,
     extra_tasks: list[Any] | None = None,
     certificate: CertificateReloader | None = None,
+    store: PolicyStore | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT; SIGHUP reloads the policy."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    service = await start(config, ssl_context=ssl_context, extra_tasks=extra_tasks)
+    service = await start(config, ssl_context=ssl_context, extra_tasks=extra_tasks, store=store)
     if certificate is not None:
         service.metrics.track_certificate(lambda: certificate.not_after.timestamp())
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -276,18 +362,44 @@ def _worker(config: ServerConfig, manage_certificates: bool, log_level: int) -> 
 
 async def _serve(config: ServerConfig, *, manage_certificates: bool) -> None:
     extra_tasks: list[Any] = []
+    store = PolicyStore(config.policy)
     if config.self_managed is not None and manage_certificates:
         from webhook.certs.selfmanaged import SelfManagedCertificates
 
         manager = SelfManagedCertificates.from_config(config.self_managed, cert_dir=config.cert_dir)
+        if config.self_managed.keep_scope:
+            _keep_scope(manager, store, config.self_managed)
         # The first serving pair must be on disk before the server loads it.
         await manager.ensure_ready(config.self_managed.ready_timeout)
         extra_tasks.append(manager.run())
     reloader = tls_for(config)
     extra_tasks.append(reloader.watch(config.cert_poll_interval))
     await serve_forever(
-        config, ssl_context=reloader.server_context, extra_tasks=extra_tasks, certificate=reloader
+        config,
+        ssl_context=reloader.server_context,
+        extra_tasks=extra_tasks,
+        certificate=reloader,
+        store=store,
     )
+
+
+def _keep_scope(
+    manager: SelfManagedCertificates, store: PolicyStore, config: SelfManagedConfig
+) -> None:
+    """The leader keeps the webhooks' matchConditions and the CEL policies rendered from
+    the policy in force, and re-renders them at once when a new policy takes over."""
+    from webhook.install.reconcile import ScopeKeeper
+
+    keeper = ScopeKeeper(
+        manager.api_client, webhook_config=config.webhook_config, namespace=config.namespace
+    )
+    manager.duties.append(lambda: keeper.reconcile(store.policy))
+
+    def on_reload(ok: bool) -> None:
+        if ok:
+            manager.wake()
+
+    store.listeners.append(on_reload)
 
 
 async def _fetch_self_managed(config: SelfManagedConfig, cert_dir: str) -> None:
@@ -311,6 +423,9 @@ def run(config: ServerConfig) -> int:
         return 0
     context = multiprocessing.get_context("spawn")
     shared = replace(config, reuse_port=True)
+    # A port held by another program fails here, in one line, not once per worker.
+    for probe in _listen_both(shared):
+        probe.close()
     level = logging.getLogger().getEffectiveLevel()
     workers = [
         context.Process(target=_worker, args=(shared, i == 0, level), name=f"worker-{i}")

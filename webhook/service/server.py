@@ -12,18 +12,20 @@ import logging
 import os
 import re
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Final
+from typing import Any, Final, Protocol
 
 import orjson
 from aiohttp import hdrs, web
 
 from webhook.core.admission import Answer, answer, error_answer
+from webhook.core.cluster import ClusterView
 from webhook.core.wire import Endpoint, ReviewError, parse_review
 from webhook.service.audit import AuditSink, build_record
 from webhook.service.metrics import CONTENT_TYPE, Metrics
 from webhook.service.store import PolicyStore
+from webhook.version import version
 
 log = logging.getLogger(__name__)
 
@@ -32,6 +34,20 @@ DEFAULT_TIMEOUT: Final = 10.0  # the apiserver's own default webhook timeout
 _TIMEOUT_PARAM: Final = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m)?$")
 
 Observer = Callable[[Answer, str, float, "str | None"], None]
+
+
+class ViewSource(Protocol):
+    """Where a request takes the cluster view from (``serve --cluster``)."""
+
+    @property
+    def view(self) -> ClusterView | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class NoView:
+    """Without ``--cluster``: every decision decides from the pod spec alone."""
+
+    view: None = None
 
 
 @dataclass(slots=True)
@@ -82,6 +98,7 @@ class _Edge:
     metrics: Metrics
     state: ServiceState
     observers: tuple[Observer, ...]
+    cluster: ViewSource
 
 
 async def _handle(request: web.Request, endpoint: Endpoint, edge: _Edge) -> web.Response:
@@ -126,7 +143,7 @@ async def _handle(request: web.Request, endpoint: Endpoint, edge: _Edge) -> web.
         policy = edge.store.policy
         error: str | None = None
         try:
-            result = answer(version, review, policy, endpoint=endpoint)
+            result = answer(version, review, policy, endpoint=endpoint, cluster=edge.cluster.view)
         except Exception as exc:  # any bug becomes an onError answer, never a 500
             log.exception("evaluation failed uid=%s endpoint=%s", review["uid"], endpoint)
             error = type(exc).__name__
@@ -153,8 +170,9 @@ def create_app(
     metrics: Metrics,
     state: ServiceState | None = None,
     observers: Sequence[Observer] = (),
+    cluster: ViewSource | None = None,
 ) -> web.Application:
-    """The webhook application (HTTPS side)."""
+    """The webhook application (HTTPS side); ``cluster`` is read once per request."""
     app = web.Application(client_max_size=MAX_BODY)
     app[STORE] = store
     app[SINK] = sink
@@ -162,7 +180,7 @@ def create_app(
     app[STATE] = state or ServiceState(ready=True)
     app[OBSERVERS] = list(observers)  # beyond metrics, which the handler calls itself
     # The handlers read these from here: set once, never replaced on a running app.
-    edge = _Edge(store, sink, metrics, app[STATE], tuple(observers))
+    edge = _Edge(store, sink, metrics, app[STATE], tuple(observers), cluster or NoView())
 
     async def mutate(request: web.Request) -> web.Response:
         return await _handle(request, "mutate", edge)
@@ -176,19 +194,32 @@ def create_app(
 
 
 def create_health_app(
-    *, state: ServiceState, metrics: Metrics, store: PolicyStore
+    *,
+    state: ServiceState,
+    metrics: Metrics,
+    store: PolicyStore,
+    cluster: Callable[[], Mapping[str, Any]] | None = None,
 ) -> web.Application:
-    """Plain-HTTP probes and metrics, on their own port so probes need no TLS."""
+    """Plain-HTTP probes and metrics, on their own port so probes need no TLS.
+
+    ``cluster`` reports the cluster view for ``/readyz``. A stale view does not make
+    the service unready: decisions fall back to the pod spec, so it still admits.
+    """
 
     async def healthz(_: web.Request) -> web.Response:
-        return web.json_response({"status": "ok"})
+        return web.json_response({"status": "ok", "version": version()})
 
     async def readyz(_: web.Request) -> web.Response:
         if not state.ready:
             return web.json_response({"status": "not ready"}, status=503)
-        return web.json_response(
-            {"status": "ready", "policy": store.policy.digest, "pid": os.getpid()}
-        )
+        body: dict[str, Any] = {
+            "status": "ready",
+            "policy": store.policy.digest,
+            "pid": os.getpid(),
+        }
+        if cluster is not None:
+            body["cluster"] = cluster()
+        return web.json_response(body)
 
     async def metrics_handler(_: web.Request) -> web.Response:
         response = web.Response(body=metrics.render())

@@ -1,0 +1,1 @@
+"""The cluster edge: what the service and the CLI read from the Kubernetes API."""
