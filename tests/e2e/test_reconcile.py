@@ -1,0 +1,296 @@
+"""The self-managed leader keeps the install's scope in step with the policy in force,
+through a real kube-apiserver: the webhooks' matchConditions and the CEL policies follow
+a new policy, with no more rights than the install's RBAC grants."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from webhook.certs.lease import read_json
+from webhook.core.policy import Policy
+from webhook.dev.cluster import DevCluster, free_port
+from webhook.install import manifests
+from webhook.install.celpolicy import BINDING_KIND, LABELS, POLICY_KIND, validating_policies
+from webhook.install.reconcile import ScopeKeeper
+from webhook.install.scope import match_conditions
+from webhook.policies import DEFAULT_POLICY, parse_policy
+
+pytestmark = pytest.mark.e2e
+
+NAMESPACE = "e2e-scope"
+CONFIG = "e2e-scope"
+ACCOUNT = "e2e-scope-keeper"
+SELECTOR = ",".join(f"{k}={v}" for k, v in sorted(LABELS.items()))
+WAIT = 30.0
+
+# The default policy with a resource name added, one rule softened and one turned off.
+DEFAULT_FILE = Path(__file__).parents[2] / "policies" / "default.yaml"
+CHANGED = (
+    DEFAULT_FILE.read_text()
+    .replace("count: [nvidia.com/gpu,", "count: [example.com/gpu, nvidia.com/gpu,")
+    .replace("privileged-gpu: deny", "privileged-gpu: warn")
+    .replace("node-name-pinning: deny", 'node-name-pinning: "off"')
+)
+
+
+def changed_policy() -> Policy:
+    policy = parse_policy(CHANGED, source="changed.yaml")
+    assert policy.action("node-name-pinning") == "off"
+    return policy
+
+
+def hook(name: str) -> dict[str, Any]:
+    return {
+        "name": name,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Ignore",
+        "timeoutSeconds": 1,
+        # Matches no namespace, so the apiserver never calls the URL below.
+        "namespaceSelector": {"matchLabels": {"e2e.gpushare.io/scope": "never"}},
+        "clientConfig": {"url": "https://127.0.0.1:9/never"},
+        "matchConditions": [dict(c) for c in match_conditions(DEFAULT_POLICY)],
+        "rules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": ["pods"],
+                "operations": ["CREATE"],
+            }
+        ],
+    }
+
+
+@pytest.fixture
+def admission(cluster: DevCluster) -> Iterator[Any]:
+    """Configurations of this test only, and the default policy's CEL policies (by the
+    admin, as `kubectl apply` of the install would)."""
+    from kubernetes import client
+
+    api: Any = client.AdmissionregistrationV1Api(cluster.api_client())
+    api.create_mutating_webhook_configuration(
+        {
+            "metadata": {"name": CONFIG},
+            "webhooks": [{**hook("mutate.scope.e2e.gpushare.io"), "reinvocationPolicy": "Never"}],
+        }
+    )
+    api.create_validating_webhook_configuration(
+        {"metadata": {"name": CONFIG}, "webhooks": [hook("validate.scope.e2e.gpushare.io")]}
+    )
+    cluster.create_namespace(NAMESPACE)
+    try:
+        yield api
+    finally:
+        api.delete_mutating_webhook_configuration(CONFIG)
+        api.delete_validating_webhook_configuration(CONFIG)
+        remove_cel_policies(api)
+        api.api_client.close()
+
+
+def install_cel_policies(api: Any, policy: Policy) -> None:
+    for obj in validating_policies(policy, namespace=NAMESPACE):
+        if obj["kind"] == POLICY_KIND:
+            api.create_validating_admission_policy(obj)
+        else:
+            api.create_validating_admission_policy_binding(obj)
+
+
+def remove_cel_policies(api: Any) -> None:
+    for name in cel_objects(api)[BINDING_KIND]:
+        api.delete_validating_admission_policy_binding(name)
+    for name in cel_objects(api)[POLICY_KIND]:
+        api.delete_validating_admission_policy(name)
+
+
+def cel_objects(api: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    listed = {
+        POLICY_KIND: api.list_validating_admission_policy,
+        BINDING_KIND: api.list_validating_admission_policy_binding,
+    }
+    return {
+        kind: {
+            o["metadata"]["name"]: o
+            for o in read_json(list_(label_selector=SELECTOR, _preload_content=False))["items"]
+        }
+        for kind, list_ in listed.items()
+    }
+
+
+def conditions_of(api: Any) -> list[list[dict[str, str]]]:
+    found: list[list[dict[str, str]]] = []
+    for read in (
+        api.read_mutating_webhook_configuration,
+        api.read_validating_webhook_configuration,
+    ):
+        config = read_json(read(CONFIG, _preload_content=False))
+        found.extend(h.get("matchConditions", []) for h in config["webhooks"])
+    return found
+
+
+@pytest.fixture
+def as_keeper(cluster: DevCluster) -> Iterator[Any]:
+    """An ApiClient with the token of a service account bound to the self-managed install's
+    ClusterRole (its webhook configuration name swapped for this test's)."""
+    from kubernetes import client
+
+    (role,) = [o for o in manifests.render(overlay="self-managed") if o["kind"] == "ClusterRole"]
+    for rule in role["rules"]:
+        if "resourceNames" in rule:
+            rule["resourceNames"] = [
+                CONFIG if name == "gpushare-webhook" else name for name in rule["resourceNames"]
+            ]
+    role["metadata"] = {"name": ACCOUNT}
+    admin = cluster.api_client()
+    core: Any = client.CoreV1Api(admin)
+    rbac: Any = client.RbacAuthorizationV1Api(admin)
+    cluster.create_namespace(NAMESPACE)
+    with contextlib.suppress(client.ApiException):
+        core.create_namespaced_service_account(NAMESPACE, {"metadata": {"name": ACCOUNT}})
+    rbac.create_cluster_role(role)
+    rbac.create_cluster_role_binding(
+        {
+            "metadata": {"name": ACCOUNT},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": ACCOUNT,
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}],
+        }
+    )
+    token = read_json(
+        core.create_namespaced_service_account_token(
+            ACCOUNT, NAMESPACE, {"spec": {"expirationSeconds": 600}}, _preload_content=False
+        )
+    )["status"]["token"]
+    configuration = client.Configuration()
+    configuration.host = cluster.server
+    configuration.ssl_ca_cert = str(cluster.ca_file)
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    account: Any = client.ApiClient(configuration)
+    try:
+        yield account
+    finally:
+        account.close()
+        rbac.delete_cluster_role_binding(ACCOUNT)
+        rbac.delete_cluster_role(ACCOUNT)
+        admin.close()
+
+
+def test_a_new_policy_rewrites_conditions_and_cel_policies(admission: Any, as_keeper: Any) -> None:
+    install_cel_policies(admission, DEFAULT_POLICY)
+    keeper = ScopeKeeper(as_keeper, webhook_config=CONFIG, namespace=NAMESPACE)
+    # What the install applied is already in step: nothing to write.
+    assert keeper.reconcile(DEFAULT_POLICY) == [
+        f"{kind} {name} updated"
+        for obj in validating_policies(DEFAULT_POLICY, namespace=NAMESPACE)
+        for kind, name in [(obj["kind"], obj["metadata"]["name"])]
+    ], "the first pass stamps what kubectl applied"
+    assert keeper.reconcile(DEFAULT_POLICY) == []
+
+    changed = changed_policy()
+    changes = keeper.reconcile(changed)
+    wanted = [{"name": c["name"], "expression": c["expression"]} for c in match_conditions(changed)]
+    assert wanted != [dict(c) for c in match_conditions(DEFAULT_POLICY)]
+    assert conditions_of(admission) == [wanted, wanted]
+    assert any("example.com/gpu" in c["expression"] for c in wanted)
+    objects = cel_objects(admission)
+    assert "gpushare-node-name-pinning" not in objects[POLICY_KIND]
+    assert "gpushare-node-name-pinning" not in objects[BINDING_KIND]
+    binding = objects[BINDING_KIND]["gpushare-privileged-gpu"]
+    assert binding["spec"]["validationActions"] == ["Warn"]
+    assert (
+        f"{BINDING_KIND} gpushare-node-name-pinning deleted: the policy no longer renders it"
+        in (changes)
+    )
+    # A quiet check writes nothing: the apiserver's defaults are no difference.
+    assert keeper.reconcile(changed) == []
+
+    # Back: the rule turned on again is created again.
+    keeper.reconcile(DEFAULT_POLICY)
+    objects = cel_objects(admission)
+    assert "gpushare-node-name-pinning" in objects[POLICY_KIND]
+    assert objects[BINDING_KIND]["gpushare-privileged-gpu"]["spec"]["validationActions"] == ["Deny"]
+    assert conditions_of(admission) == [[dict(c) for c in match_conditions(DEFAULT_POLICY)]] * 2
+
+
+def test_an_install_without_cel_policies_gets_none(admission: Any, as_keeper: Any) -> None:
+    keeper = ScopeKeeper(as_keeper, webhook_config=CONFIG, namespace=NAMESPACE)
+    changes = keeper.reconcile(changed_policy())
+    assert changes == [
+        f"{kind} {CONFIG}: matchConditions of 1 webhooks rewritten"
+        for kind in ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
+    ]
+    assert cel_objects(admission) == {POLICY_KIND: {}, BINDING_KIND: {}}
+
+
+def test_serve_follows_an_edited_policy_file(
+    cluster: DevCluster, admission: Any, tmp_path: Path
+) -> None:
+    """The real command: the policy file changes (as a ConfigMap update does), the leader
+    re-renders the configurations' matchConditions without a restart."""
+    kubeconfig = tmp_path / "kubeconfig"
+    cluster.write_kubeconfig(kubeconfig)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(DEFAULT_FILE.read_text())
+    port, health_port = free_port(), free_port()
+    log = tmp_path / "serve.log"
+    with log.open("wb") as output:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "webhook",
+                "serve",
+                "--host=127.0.0.1",
+                f"--port={port}",
+                f"--health-port={health_port}",
+                f"--cert-dir={tmp_path / 'certs'}",
+                f"--policy={policy}",
+                "--audit-log=/dev/null",
+                "--self-managed",
+                f"--namespace={NAMESPACE}",
+                "--secret=e2e-scope-tls",
+                f"--webhook-config={CONFIG}",
+                f"--kubeconfig={kubeconfig}",
+            ],
+            stdout=output,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "POD_NAME": "e2e-scope-pod"},
+        )
+    try:
+        default = [dict(c) for c in match_conditions(DEFAULT_POLICY)]
+        wanted = [dict(c) for c in match_conditions(changed_policy())]
+        deadline = time.monotonic() + WAIT
+        while "leads Lease" not in log.read_text():
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+        assert conditions_of(admission) == [default, default]
+        # A ConfigMap volume swaps a symlink; a rename is the same for the poll.
+        edited = tmp_path / "policy.yaml.new"
+        edited.write_text(CHANGED)
+        edited.replace(policy)
+        while conditions_of(admission) != [wanted, wanted]:
+            assert process.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.05)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    assert process.returncode == 0, log.read_text()
+    assert "matchConditions of 1 webhooks rewritten" in log.read_text()
