@@ -141,17 +141,20 @@ async def test_view_follows_the_cluster_and_ignores_heartbeats(
         core.create_namespaced_config_map(
             "watch-a", {"metadata": {"name": "fence"}, "data": {"CUDA_DISABLE_CONTROL": "true"}}
         )
-        nodes = watch.view.nodes
+        nodes, cache = watch.view.nodes, watch.view.cache
+        cache["probe"] = True
         await until(lambda: ("watch-a", "fence") in watch.view.config_maps)
         assert watch.view.nodes["watch-gpu-a"] is node
-        # Only the kind that changed gets a new face: a cache keyed on it survives.
+        # Only the kind that changed gets a new face, and the node aggregates survive it.
         assert watch.view.nodes is nodes
+        assert watch.view.cache is cache
 
         # Real changes arrive in a new view object.
         before = watch.view
         core.patch_node("watch-gpu-a", {"metadata": {"labels": {"nvidia.com/gpu.count": "4"}}})
         await until(lambda: len(watch.view.nodes["watch-gpu-a"].cards) == 4)
         assert watch.view is not before
+        assert "probe" not in watch.view.cache, "node aggregates must be recomputed"
         core.delete_namespaced_config_map("env", "watch-a")
         core.delete_node("watch-mig")
         core.patch_namespaced_resource_quota_status(

@@ -598,7 +598,10 @@ class ClusterWatch:
             self._faces[kind] = MappingProxyType(self._stores[kind])
         self._changed.clear()
         faces = self._faces
+        before = self.view
         self.view = ClusterView(
+            # Node aggregates stay valid while no node's facts changed.
+            cache=before.cache if before.nodes is faces["nodes"] else {},
             nodes=faces["nodes"],
             namespaces=faces["namespaces"],
             quotas=faces["resourcequotas"],

@@ -113,11 +113,11 @@ class ClusterView:
     # (namespace, name) -> decoded data; filled only when the policy opts in.
     secrets: Mapping[tuple[str, str], Mapping[str, str]] = field(default_factory=dict)
     synced: bool = False
-    # Aggregates computed from this view object, by the key of whoever computed them
-    # (see webhook.core.fit). Not part of the view's value.
-    cache: dict[Any, Any] = field(
-        default_factory=dict, init=False, repr=False, compare=False, hash=False
-    )
+    # Aggregates of ``nodes`` (webhook.core.pool), by the key of whoever computed them.
+    # Not part of the view's value. A view built on the very same ``nodes`` mapping may
+    # be handed its predecessor's cache: a quota or namespace change then costs no
+    # recomputation over thousands of nodes.
+    cache: dict[Any, Any] = field(default_factory=dict, repr=False, compare=False, hash=False)
 
 
 def is_gpu_resource(name: str) -> bool:
