@@ -32,6 +32,7 @@ from tests.core.strategies import (
     wild_objects,
 )
 from tests.paths import ROOT
+from webhook.core.cluster import ClusterView
 from webhook.core.decision import MAX_WARNING, Decision, Request, decide
 from webhook.core.policy import RULE_IDS, Policy
 from webhook.core.review import review_object
@@ -114,10 +115,12 @@ def check_well_formed(decision: Decision) -> None:
         assert decision.patch == []
 
 
-def mutate_once(kind: str, obj: Obj, policy: Policy) -> tuple[Decision, Obj]:
+def mutate_once(
+    kind: str, obj: Obj, policy: Policy, *, cluster: ClusterView | None = None
+) -> tuple[Decision, Obj]:
     """The mutate decision on ``obj`` and the object its patch gives (``obj`` untouched)."""
     before = copy.deepcopy(obj)
-    decision = decide(obj, request_for(kind, obj), policy, phase="mutate")
+    decision = decide(obj, request_for(kind, obj), policy, phase="mutate", cluster=cluster)
     assert obj == before, "decide() changed its input"
     check_well_formed(decision)
     mutated = jsonpatch.apply_patch(as_json(obj), decision.patch)
