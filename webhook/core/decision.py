@@ -11,11 +11,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, TypedDict
 
+from webhook.core.cluster import ClusterView
+from webhook.core.context import candidate_selector, judge, resolve_percentages, where
 from webhook.core.finding import Finding
 from webhook.core.injection import NOTHING, injection_for
+from webhook.core.mig import Translation, translate
 from webhook.core.mode import ModeChoice, choose_mode
 from webhook.core.mutation import first_missing, mutate
-from webhook.core.policy import Action, Mode, Policy, match_any
+from webhook.core.policy import RULE_IDS, Action, Mode, Policy, match_any
+from webhook.core.pool import pool_of
 from webhook.core.resources import read_pod
 from webhook.core.rules import Phase, Subject, evaluate
 from webhook.core.wire import PatchOp
@@ -81,6 +85,10 @@ class _Examined:
     subject: Subject
     choice: ModeChoice
     findings: list[Finding]
+    # Warnings about the cluster that are no rule's finding.
+    notes: list[str] = field(default_factory=list)
+    # The pod's translation to MIG instances, when it picks a MIG pool.
+    translation: Translation | None = None
 
 
 def _examine(
@@ -91,9 +99,17 @@ def _examine(
     phase: Phase,
     namespace: str,
     previous: Mapping[str, Any] | None = None,
+    cluster: ClusterView | None = None,
 ) -> _Examined:
     requests = read_pod(view.spec, policy)
     annotations = as_mapping(as_mapping(view.metadata).get("annotations"))
+    translation = None
+    # Before the mode: a translated pod is judged and mutated as the MIG pod it becomes.
+    created = view.template or request.operation == "CREATE"
+    if cluster is not None and policy.mig_pools and created:
+        translation = translate(
+            view, requests, annotations=annotations, policy=policy, cluster=cluster
+        )
     choice = choose_mode(
         annotations=annotations,
         node_selector=as_mapping(view.spec.get("nodeSelector")),
@@ -101,6 +117,9 @@ def _examine(
         requests=requests,
         policy=policy,
     )
+    if cluster is not None and requests.sharing and choice.mode in ("vgpu", "mps"):
+        selector = candidate_selector(view.spec, choice.mode, policy)
+        resolve_percentages(requests, pool_of(cluster, selector), where=where(selector))
     subject = Subject(
         view=view,
         requests=requests,
@@ -116,7 +135,24 @@ def _examine(
     findings = evaluate(subject, policy)
     if subject.created:
         findings.extend(choice.findings)
-    return _Examined(subject=subject, choice=choice, findings=findings)
+    notes: list[str] = []
+    if cluster is not None:
+        seen = judge(
+            subject,
+            policy,
+            cluster,
+            namespace=namespace,
+            notes=notes,
+            judged=translation.judged if translation is not None else (),
+        )
+        if translation is not None:
+            seen.extend(translation.findings)
+        if seen:
+            findings.extend(seen)
+            findings.sort(key=lambda finding: RULE_IDS.index(finding.rule))
+    return _Examined(
+        subject=subject, choice=choice, findings=findings, notes=notes, translation=translation
+    )
 
 
 def decide(
@@ -126,11 +162,16 @@ def decide(
     *,
     phase: Phase,
     old: Mapping[str, Any] | None = None,
+    cluster: ClusterView | None = None,
 ) -> Decision:
     """The verdict of one endpoint (``mutate`` or ``validate``) on ``obj``.
 
     ``old`` is the object before an UPDATE (the AdmissionRequest's ``oldObject``).
+    ``cluster`` adds the rules and settings that need the cluster; without it, or
+    while it is not synced, the verdict is the pod spec's alone.
     """
+    if cluster is not None and not cluster.synced:
+        cluster = None
     decision = Decision()
     if request.operation not in ("CREATE", "UPDATE"):
         return decision
@@ -151,19 +192,39 @@ def decide(
     previous = None
     if old_view is not None:
         previous = as_mapping(as_mapping(old_view.metadata).get("annotations"))
-    examined = _examine(view, request, policy, phase=phase, namespace=namespace, previous=previous)
+    examined = _examine(
+        view,
+        request,
+        policy,
+        phase=phase,
+        namespace=namespace,
+        previous=previous,
+        cluster=cluster,
+    )
     findings = examined.findings
     if old_view is not None:
-        before = _examine(old_view, request, policy, phase=phase, namespace=namespace)
+        before = _examine(
+            old_view, request, policy, phase=phase, namespace=namespace, cluster=cluster
+        )
         seen = {(f.rule, f.message) for f in before.findings}
         findings = [f for f in findings if (f.rule, f.message) not in seen]
     subject, choice = examined.subject, examined.choice
     decision.mode = choice.mode
     # A pod's spec cannot change after creation (bar ephemeral containers): mutate
     # new pods and templates only.
-    mutable = subject.created and subject.requests.sharing
+    translated = examined.translation.ops if examined.translation is not None else []
+    mutable = subject.created and (subject.requests.sharing or bool(translated))
     capped: list[Finding] = []
-    if mutable and phase == "validate":
+    if mutable and phase == "validate" and translated:
+        findings.append(
+            Finding(
+                "unmutated-gpu-pod",
+                f"pod asks for GPU memory on a MIG pool but is not translated to MIG (first: "
+                f"{translated[0]['op']} {translated[0]['path']}); is the gpushare mutating "
+                "webhook registered, its cluster view synced?",
+            )
+        )
+    elif mutable and phase == "validate":
         missing = first_missing(view, subject.requests, choice.mode, policy, subject.injection)
         if missing is not None:
             findings.append(
@@ -175,12 +236,13 @@ def decide(
             )
     elif mutable:
         mutation = mutate(view, subject.requests, choice.mode, policy, subject.injection)
-        decision.patch = mutation.ops
+        decision.patch = [*translated, *mutation.ops] if translated else mutation.ops
         capped = [Finding("limit-tampering", text) for text in mutation.overwritten]
     _apply_actions(decision, findings, capped, policy)
     if mutable:
         for request_ in subject.requests.containers:
             decision.warnings.extend(_shorten(note) for note in request_.notes)
+        decision.warnings.extend(_shorten(note) for note in examined.notes)
     if not decision.allowed:
         decision.patch = []
     return decision
