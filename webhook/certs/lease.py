@@ -34,6 +34,7 @@ LEASE_DURATION: Final = 30.0
 RENEW_INTERVAL: Final = 10.0
 _NOT_FOUND: Final = 404
 _CONFLICT: Final = 409
+_RELEASE_ATTEMPTS: Final = 3
 _RECORD: Final = (
     "holderIdentity",
     "renewTime",
@@ -179,6 +180,16 @@ class LeaseElector:
     def release(self) -> None:
         """Give the Lease up now (on shutdown) so another candidate takes it at once."""
         self._leading_until = -math.inf
+        # A renewal still in flight when the stop came may land first: read again.
+        for attempt in range(_RELEASE_ATTEMPTS):
+            try:
+                self._release_once()
+                return
+            except ApiException as exc:
+                if exc.status != _CONFLICT or attempt == _RELEASE_ATTEMPTS - 1:
+                    raise
+
+    def _release_once(self) -> None:
         lease = read_json(
             self._api.read_namespaced_lease(
                 self.name, self.namespace, _preload_content=False, _request_timeout=self._timeout
