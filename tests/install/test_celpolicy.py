@@ -43,6 +43,22 @@ spec:
 """
 )
 
+# Per-mode schedulers beside per-resource ones, one naming the default (not moot with a
+# mode entry), and a namespace that chooses a mode.
+MODE_SCHEDULERS = parse_policy(
+    """
+apiVersion: gpushare.io/v1alpha1
+kind: GPUSharePolicy
+spec:
+  schedulerName:
+    mps: default-scheduler
+    vgpu: my-scheduler
+    nvidia.com/gpucores: hami-scheduler
+  modes:
+    namespaces: {mps: [mps-team]}
+"""
+)
+
 
 def identity(obj: manifests.Obj) -> tuple[str, str]:
     return obj["kind"], obj["metadata"]["name"]
@@ -132,3 +148,80 @@ def test_manifests_only_cel_prints_just_the_policies() -> None:
     assert code == 0
     objects = [o for o in yaml.safe_load_all(out.getvalue()) if o]
     assert objects == validating_policies(DEFAULT_POLICY, namespace="gpu-admission")
+
+
+def test_the_scheduler_rule_asks_the_mode_only_after_the_resources() -> None:
+    """As Policy.scheduler_for: the resource branches first, then each mode's scheduler on
+    the mode the policy's variables choose, then the default."""
+    expression = celpolicy.rule_expressions(MODE_SCHEDULERS)["scheduler-bypass"]
+    wanted = expression[expression.index("variables.spec.schedulerName == (") :]
+    resource = wanted.index('? "hami-scheduler"')
+    mps = wanted.index('variables.mode == "mps" ? "default-scheduler"')
+    vgpu = wanted.index('variables.mode == "vgpu" ? "my-scheduler"')
+    assert resource < mps and resource < vgpu
+    assert wanted.rindex('"hami-scheduler"') > max(mps, vgpu)  # the default comes last
+    # The mode variable covers what the core's choice reads: annotations, node
+    # selectors, MIG resources, namespaces.
+    mode = {v["name"]: v["expression"] for v in celpolicy.variables(MODE_SCHEDULERS)}["mode"]
+    assert all(
+        f'"{key}" in variables.annotations' in mode for key in MODE_SCHEDULERS.mode_annotations
+    )
+    assert '"ack.node.gpu.schedule"' in mode and "variables.mig" in mode
+    assert 'request.namespace in ["mps-team"]' in mode
+
+
+def test_without_mode_entries_the_scheduler_rule_ignores_the_mode() -> None:
+    expression = celpolicy.rule_expressions(DEFAULT_POLICY)["scheduler-bypass"]
+    wanted = expression[expression.index("variables.spec.schedulerName == (") :]
+    assert "variables.mode" not in wanted
+    plain = parse_policy(
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  schedulerName: one\n"
+    )
+    assert "variables.mode ==" not in celpolicy.rule_expressions(plain)["scheduler-bypass"]
+
+
+# host-device-access under a policy whose paths are not the default's: an allow list with
+# a trailing slash, protected paths spelled oddly, the preload as a file, other lock,
+# library and pipe directories.
+HOST_PATHS = parse_policy(
+    """
+apiVersion: gpushare.io/v1alpha1
+kind: GPUSharePolicy
+spec:
+  vgpu:
+    preload: file
+    libraryHostPath: /opt/vgpu/lib/libvgpu.so
+    preloadHostPath: /opt/vgpu/lib/ld.so.preload
+    lockHostPath: /var/tmp/vgpulock
+  mps:
+    pipeDirectory: /run/mps-pipe
+  hostPaths:
+    mode: allowlist
+    allowed: [/data/, /mnt/datasets, /srv]
+    protected: [/srv/gpu//secrets/, /home/shared]
+"""
+)
+
+
+def test_host_device_access_renders_the_policys_paths() -> None:
+    expression = celpolicy.rule_expressions(HOST_PATHS)["host-device-access"]
+    # Protected roots normalised, with the directories above them.
+    for text in ('"/srv/gpu/secrets"', 'startsWith("/srv/gpu/secrets/")', '"/srv/gpu"'):
+        assert text in expression
+    # The library's directory, the lock and pipe directories: not the default's.
+    assert 'startsWith("/opt/vgpu/lib/")' in expression and '"/var/tmp/vgpulock"' in expression
+    assert '"/run/mps-pipe"' in expression and '"/tmp/vgpulock"' not in expression
+    # The allow list as the core's _within reads it: "/data/" is matched as written.
+    assert 'p in ["/data/", "/mnt/datasets", "/srv"]' in expression
+    assert 'startsWith("/data/")' in expression and 'startsWith("/srv/")' in expression
+    # The preload file is injected, so exempt when exact.
+    assert '"/opt/vgpu/lib/ld.so.preload"' in expression
+
+
+def test_host_device_access_in_denylist_mode_has_no_allow_list() -> None:
+    expression = celpolicy.rule_expressions(DEFAULT_POLICY)["host-device-access"]
+    assert "variables.gpu" not in expression.split("variables.podUpdate")[0]
+    assert "ld.so.preload" not in expression  # preload: env injects no file
+    # Mount paths with a ".." segment are left to the webhook, hostPaths need no such
+    # guard (the apiserver refuses them).
+    assert expression.count("s == '..'") == 2  # new and old pod, mountPath only

@@ -23,16 +23,28 @@ tests/e2e/test_celpolicy.py compares the two on generated objects):
   GPU pod. Limits above the request stay the webhook's (they need the parsed request).
 - scheduler-bypass: a GPU-sharing pod (or template) in mode vgpu or mps naming a
   scheduler other than the one that accounts for its resources (the policy's
-  per-resource schedulerName), default-scheduler, empty or an allowed one; the
-  mode is chosen as the core chooses it (mode annotations, node selectors, MIG
-  resources, the namespace's mode, the default).
+  per-resource schedulerName, else its per-mode one, else its default),
+  default-scheduler, empty or an allowed one; the mode is chosen as the core chooses
+  it (mode annotations, node selectors, MIG resources, the namespace's mode, the
+  default).
 - forged-allocation: a reserved annotation on a created pod or template; on a pod
   UPDATE, a reserved annotation added, changed or removed. The policy's
   reservedAnnotationWriters are matched on ``request.userInfo``.
+- host-device-access: hostPath volumes (any pod) that are protected (device nodes and
+  their parents, the kubelet's state, /proc, runtime sockets, the libvgpu, lock and MPS
+  pipe directories, the policy's protected paths, and the directories above them), that
+  hold the GPU runtime's configuration and are mounted writable, or (allowlist mode, GPU
+  pods) that lie outside the allowed paths, unless the volume is exactly one the
+  mutation injects into this pod; mounts of the injected shared volumes without
+  readOnly; mountPaths under /var/run/nvidia-container-devices; ``cdi.k8s.io/``
+  annotations naming nvidia.com devices. Paths are compared after dropping ``//``, ``.``
+  and trailing slashes (strings' split/join), as the core's normalisation does: the
+  apiserver refuses a hostPath with a ``..`` segment. A mountPath may hold ``..``, which
+  CEL cannot resolve (it takes a stack): a device-request mountPath with a ``..``
+  segment is the webhook's alone. On a pod UPDATE the old pod is judged in the new
+  pod's mode (see :func:`_host_device_access`).
 
-Left to the webhook: host-device-access (the core compares paths after resolving
-``//``, ``.`` and ``..``, which CEL cannot do: a literal-prefix check would miss odd
-spellings, and a verdict that differs from the core's is not rendered), invalid-gpu-request,
+Left to the webhook: invalid-gpu-request,
 gpu-quota and mode-conflict (they need quantities parsed and compared),
 unmutated-gpu-pod (without the mutating webhook every sharing pod
 would lack its settings: it only makes sense beside the webhook).
@@ -49,11 +61,21 @@ field: each one is guarded by ``has()`` before it is read.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
+from webhook.core.injection import injection_for
 from webhook.core.policy import DEFAULT_SCHEDULER, Action, Identities, Policy
 from webhook.core.resources import CONTAINER_KINDS
+from webhook.core.rules import (
+    _CONFIG_ROOTS,
+    _DEVICE_PARENTS,
+    _DEVICE_PREFIXES,
+    _DEVICE_REQUEST_DIRS,
+    _SIDE_ROOTS,
+    normalised,
+)
 from webhook.core.workload import TEMPLATE_PATHS
 from webhook.install.scope import literal
 
@@ -231,13 +253,19 @@ def _containers(spec: str) -> str:
     return " + ".join(f"(has({spec}.{kind}) ? {spec}.{kind} : [])" for kind in CONTAINER_KINDS)
 
 
+def _asks(container: str, test: str) -> str:
+    """``container`` asks for a resource ``r`` (in limits or requests) that passes ``test``."""
+    c = container
+    return (
+        f"has({c}.resources) && ("
+        f"(has({c}.resources.limits) && {c}.resources.limits.exists(r, {test})) || "
+        f"(has({c}.resources.requests) && {c}.resources.requests.exists(r, {test})))"
+    )
+
+
 def _requests(containers: str, test: str) -> str:
     """A container asks for a resource ``r`` (in limits or requests) that passes ``test``."""
-    return (
-        f"{containers}.exists(c, has(c.resources) && ("
-        f"(has(c.resources.limits) && c.resources.limits.exists(r, {test})) || "
-        f"(has(c.resources.requests) && c.resources.requests.exists(r, {test}))))"
-    )
+    return f"{containers}.exists(c, {_asks('c', test)})"
 
 
 def _mig_test(policy: Policy) -> str:
@@ -392,6 +420,155 @@ def _switches(policy: Policy) -> PodTest:
     return test
 
 
+# ------------------------------------------------------------------ host-device-access
+
+
+def _normalised(path: str) -> str:
+    """``rules.normalised`` of the CEL string ``path`` when it has no ``..`` segment:
+    ``//``, ``.`` and a trailing slash dropped, rooted."""
+    return f"('/' + {path}.split('/').filter(s, s != '' && s != '.').join('/'))"
+
+
+def _reaching(path: str, roots: Iterable[str], *, parents: bool) -> str:
+    """The normalised CEL string ``path`` is one of ``roots`` (normalised), lies below
+    one, or (``parents``) is a directory above one, as the core's ``_contains``."""
+    exact: set[str] = set()
+    prefixes: set[str] = set()
+    for root in roots:
+        exact.add(root)
+        prefixes.add(root.rstrip("/") + "/" if not parents else root + "/")
+        if parents:
+            # root.startswith(path + "/"): every directory above the root but "/".
+            exact.update(root[:i] for i in range(1, len(root)) if root[i] == "/")
+    terms = [f"{path} in {_list(sorted(exact))}"] if exact else []
+    terms.extend(f"{path}.startsWith({literal(p)})" for p in sorted(prefixes))
+    return " || ".join(terms) or "false"
+
+
+def _protected(policy: Policy, path: str) -> str:
+    """``rules._protected`` of the normalised CEL string ``path``."""
+    roots = (
+        *_SIDE_ROOTS,
+        posixpath.dirname(policy.library_host_path),
+        policy.lock_host_path,
+        policy.mps_pipe_directory,
+        *policy.protected_host_paths,
+    )
+    devices = [f"{path} in {_list(sorted(_DEVICE_PARENTS))}"]
+    devices.extend(f"{path}.startsWith({literal(p)})" for p in _DEVICE_PREFIXES)
+    reaching = _reaching(path, sorted({normalised(r) for r in roots}), parents=True)
+    return " || ".join(devices) + " || " + reaching
+
+
+def _injected(policy: Policy, volume: str) -> str:
+    """``volume`` is exactly one the mutation injects into this pod (a sharing pod in
+    mode vgpu or mps); the apiserver has defaulted ``hostPath.type``, so every field is
+    compared."""
+    by_mode = []
+    for mode in ("vgpu", "mps"):
+        exact = [
+            f"({volume}.name == {literal(v['name'])} && "
+            f"{volume}.hostPath.path == {literal(v['hostPath']['path'])} && "
+            f"has({volume}.hostPath.type) && "
+            f"{volume}.hostPath.type == {literal(v['hostPath'].get('type', ''))})"
+            for v in injection_for(mode, policy).volumes
+            if "hostPath" in v
+        ]
+        if exact:
+            by_mode.append(f"(variables.mode == {literal(mode)} && ({' || '.join(exact)}))")
+    return f"variables.sharing && ({' || '.join(by_mode) or 'false'})"
+
+
+def _read_only_volume(policy: Policy, mount: str) -> str:
+    """``mount`` names a volume the mutation injects as shared, and is not read-only."""
+    by_mode = []
+    for mode in ("vgpu", "mps"):
+        names = sorted(injection_for(mode, policy).read_only_volumes)
+        if names:
+            by_mode.append(f"(variables.mode == {literal(mode)} && {mount}.name in {_list(names)})")
+    return (
+        f"variables.sharing && has({mount}.name) && ({' || '.join(by_mode) or 'false'}) && "
+        f"!(has({mount}.readOnly) && {mount}.readOnly == true)"
+    )
+
+
+def _writes(containers: str, name: str) -> str:
+    """Some container mounts the volume ``name`` without readOnly (``rules._written``)."""
+    return (
+        f"{containers}.exists(c, has(c.volumeMounts) && c.volumeMounts.exists(m, "
+        f"has(m.name) && m.name == {name} && !(has(m.readOnly) && m.readOnly == true)))"
+    )
+
+
+def _host_paths(policy: Policy, containers: str, gpu: str, spec: str) -> str:
+    """``rules._host_path_findings``: a hostPath volume, not one the mutation injects,
+    that is protected, holds the GPU runtime's configuration and is written, or (allowlist
+    mode, in a GPU pod) lies outside the allowed paths. The apiserver refuses a hostPath
+    with a ``..`` segment, so the CEL normalisation is the core's."""
+    checks = [
+        _protected(policy, "p"),
+        f"({_reaching('p', _CONFIG_ROOTS, parents=True)}) && {_writes(containers, 'v.name')}",
+    ]
+    if policy.host_path_mode == "allowlist":
+        allowed = _reaching("p", policy.allowed_host_paths, parents=False)
+        checks.append(f"{gpu} && !({allowed})")
+    path = "v.hostPath.path"
+    return (
+        f"has({spec}.volumes) && {spec}.volumes.exists(v, has(v.hostPath) && "
+        f"has(v.hostPath.path) && !({_injected(policy, 'v')}) && "
+        f"[{_normalised(path)}].exists(p, {' || '.join(f'({c})' for c in checks)}))"
+    )
+
+
+def _device_request(mount: str) -> str:
+    """``mount`` lies under a directory the NVIDIA runtime reads device requests from. A
+    mountPath may hold ``..`` (the apiserver allows it there), which CEL cannot resolve:
+    those are the webhook's alone."""
+    target = f"{mount}.mountPath"
+    return (
+        f"has({target}) && !{target}.split('/').exists(s, s == '..') && "
+        f"[{_normalised(target)}].exists(q, "
+        f"{_reaching('q', _DEVICE_REQUEST_DIRS, parents=False)})"
+    )
+
+
+def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotations: str) -> str:
+    """host-device-access of one pod: its hostPath volumes, its containers' mounts and
+    its CDI annotations."""
+    mounts = (
+        f"{containers}.exists(c, has(c.volumeMounts) && c.volumeMounts.exists(m, "
+        f"({_device_request('m')}) || ({_read_only_volume(policy, 'm')})))"
+    )
+    # Any *cdi.k8s.io/ key: the GPU Operator points the runtime at nvidia.cdi.k8s.io/.
+    cdi = (
+        f"{annotations}.exists(k, k.contains('cdi.k8s.io/') && "
+        f"string({annotations}[k]).contains('nvidia.com/'))"
+    )
+    return f"({_host_paths(policy, containers, gpu, spec)}) || ({mounts}) || ({cdi})"
+
+
+def _host_device_access(policy: Policy) -> str:
+    """host-device-access of the object; on a pod UPDATE only when the old pod passed it.
+
+    The old pod is judged in the new one's mode (only an annotation can change it; there
+    is no variable for the old mode). That never refuses what the core admits: each
+    finding the new pod shares with the old one (a volume, a container's mount, a CDI
+    key), the old pod also has in the new mode, since volumes and containers' mounts do
+    not change on an update.
+    """
+    new = _host_access(
+        policy, "variables.containers", "variables.gpu", "variables.spec", "variables.annotations"
+    )
+    old = _host_access(
+        policy,
+        "variables.oldContainers",
+        "variables.oldGpu",
+        "variables.oldSpec",
+        "variables.oldAnnotations",
+    )
+    return f"!(({new}) && !(variables.podUpdate && ({old})))"
+
+
 # The message of each rule after its bracketed id (what to change, as the webhook says).
 MESSAGES: Final[Mapping[str, str]] = {
     "privileged-gpu": "a privileged container in a GPU pod sees every GPU; "
@@ -399,6 +576,9 @@ MESSAGES: Final[Mapping[str, str]] = {
     "node-name-pinning": "spec.nodeName skips GPU scheduling; use nodeSelector or affinity instead",
     "raw-visible-devices": "NVIDIA_VISIBLE_DEVICES set by hand (or from valueFrom); "
     "remove it, request GPUs in resources.limits",
+    "host-device-access": "a hostPath volume, mount or CDI annotation reaches GPU devices, their "
+    "limits or the node's accounting; remove it (mount injected volumes readOnly), request "
+    "GPUs in resources.limits",
     "limit-tampering": "an env switch (CUDA_DISABLE_CONTROL, GPU_CORE_UTILIZATION_POLICY, "
     "CUDA_REDIRECT, ACTIVE_OOM_KILLER) turns GPU limits off or loosens them; remove it",
     "scheduler-bypass": "a GPU-sharing pod names a scheduler that skips GPU accounting; "
@@ -417,23 +597,42 @@ def _pod_rule(test: PodTest) -> str:
 
 def _wanted_scheduler(policy: Policy) -> str:
     """``Policy.scheduler_for`` of a sharing pod: a resource's scheduler when every
-    sharing resource the pod asks for is that scheduler's, else the policy's."""
+    sharing resource the pod asks for is listed for that scheduler, else its mode's
+    (``variables.mode``, chosen as the core chooses it), else the policy's."""
     by_scheduler: dict[str, list[str]] = {}
     for resource, scheduler in policy.resource_schedulers.items():
         by_scheduler.setdefault(scheduler, []).append(resource)
     expression = literal(policy.scheduler_name)
+    for mode, scheduler in sorted(policy.mode_schedulers.items(), reverse=True):
+        expression = f"variables.mode == {literal(mode)} ? {literal(scheduler)} : ({expression})"
+    sharing = sorted(r for r in policy.gpu_resources if not r.startswith(policy.mig_prefixes))
+    slices = [r for r in sharing if r not in policy.count_resources]
     for scheduler, resources in sorted(by_scheduler.items(), reverse=True):
-        others = sorted(policy.gpu_resources.difference(resources))
-        other = f"r in {_list(others)} && !({_mig_test(policy)})" if others else "false"
+        # A container asks for GPUs this scheduler does not account for: a slice not
+        # listed for it, or a count resource not listed for it without slices of its
+        # own vendor beside it (Policy.scheduling_resources).
+        terms = []
+        other_slices = [r for r in slices if r not in resources]
+        if other_slices:
+            terms.append(_asks("c", f"r in {_list(other_slices)}"))
+        for count in sharing:
+            if count not in policy.count_resources or count in resources:
+                continue
+            term = _asks("c", f"r == {literal(count)}")
+            own = [r for r in slices if count.startswith(r.split("/", 1)[0] + "/")]
+            if own:
+                term += f" && !({_asks('c', f'r in {_list(own)}')})"
+            terms.append(term)
+        other = " || ".join(f"({t})" for t in terms) or "false"
         expression = (
-            f"!({_requests('variables.containers', other)}) ? {literal(scheduler)} : ({expression})"
+            f"!(variables.containers.exists(c, {other})) ? {literal(scheduler)} : ({expression})"
         )
     return expression
 
 
 def _scheduler(policy: Policy) -> str:
     name = "variables.spec.schedulerName"
-    if policy.resource_schedulers:
+    if policy.resource_schedulers or policy.mode_schedulers:
         static = {"", DEFAULT_SCHEDULER, *policy.allowed_schedulers}
         allowed = f"{name} in {_list(sorted(static))} || {name} == ({_wanted_scheduler(policy)})"
     else:
@@ -468,6 +667,7 @@ def rule_expressions(policy: Policy) -> dict[str, str]:
         "privileged-gpu": _pod_rule(_privileged),
         "node-name-pinning": _pod_rule(_node_name),
         "raw-visible-devices": _pod_rule(_visible_devices),
+        "host-device-access": _host_device_access(policy),
         "limit-tampering": _pod_rule(_switches(policy)),
         "scheduler-bypass": _scheduler(policy),
         "forged-allocation": _forged(policy),
