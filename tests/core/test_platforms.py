@@ -3,7 +3,8 @@
 HAMi's vGPU pod goes to hami-scheduler with libvgpu; Alibaba ACK's MPS Job stays on the
 cluster's scheduler (ACK's extender lives in it) with hostIPC and the MPS client env;
 Volcano's vGPU pod keeps the volcano scheduler; the GPU operator's MIG Deployment is
-left exactly as written. The scheduler follows the resources, not the mode.
+left exactly as written. The scheduler follows the resources, and the mode only where
+the policy names a scheduler for it.
 """
 
 from __future__ import annotations
@@ -236,5 +237,60 @@ def test_validate_accepts_the_mutated_ack_job_as_the_apiserver_stores_it() -> No
         [{"op": "add", "path": "/spec/template/spec/schedulerName", "value": "default-scheduler"}],
     )
     again = review_object(stored, DEFAULT_POLICY)
+    assert again["allowed"], again["violations"]
+    assert again["patch"] == []
+
+
+# -- a scheduler per mode ----------------------------------------------------------------
+
+MPS_ON_DEFAULT: Final = parse_policy(
+    "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n"
+    "  schedulerName:\n    mps: default-scheduler\n"
+)
+
+
+def test_a_policy_sending_mps_to_the_clusters_scheduler_keeps_ack_mps_pods_there() -> None:
+    """On ACK's MPS pools the cluster's scheduler (ACK's extender) places MPS pods, also
+    those asking for HAMi's resources: with ``mps: default-scheduler`` they keep it."""
+    pod = _pod({"nvidia.com/gpumem": "3000"}, **copy.deepcopy(_MPS))
+    entry = review_object(pod, MPS_ON_DEFAULT)
+    assert entry["allowed"], entry["violations"]
+    assert entry["mode"] == "mps"
+    assert scheduler_ops(entry) == []
+    assert "schedulerName" not in pod_spec(entry["object"])
+    assert review_object(entry["object"], MPS_ON_DEFAULT)["patch"] == []
+    # Under the default policy the same pod goes to hami-scheduler, which counts gpumem.
+    assert pod_spec(review(pod)["object"])["schedulerName"] == "hami-scheduler"
+    # Naming HAMi's scheduler by hand is now the bypass.
+    named = _pod({"nvidia.com/gpumem": "3000"}, schedulerName="hami-scheduler", **_MPS)
+    refused = review_object(named, MPS_ON_DEFAULT)
+    assert denials(refused) == ["scheduler-bypass"]
+    assert "(default-scheduler accounts for these GPU resources)" in str(refused["violations"])
+
+
+def test_the_mode_entry_leaves_other_modes_and_listed_resources_alone() -> None:
+    vgpu = review_object(_pod({"nvidia.com/gpumem": "3000"}), MPS_ON_DEFAULT)
+    assert pod_spec(vgpu["object"])["schedulerName"] == "hami-scheduler"
+    # Volcano's resources are counted by Volcano alone, whatever the mode.
+    volcano = _pod({"volcano.sh/vgpu-memory": "3000"}, **copy.deepcopy(_ANNOTATED_MPS))
+    entry = review_object(volcano, MPS_ON_DEFAULT)
+    assert entry["allowed"], entry["violations"]
+    assert entry["mode"] == "mps"
+    assert pod_spec(entry["object"])["schedulerName"] == "volcano"
+
+
+def test_a_pod_mutated_under_per_mode_schedulers_passes_its_own_validation() -> None:
+    """gpucores listed for hami-scheduler, vGPU pods elsewhere: the nvidia.com/gpu the
+    mutation adds must not move the pod off the scheduler it was given."""
+    policy = parse_policy(
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  schedulerName:\n"
+        "    vgpu: my-scheduler\n    nvidia.com/gpucores: hami-scheduler\n"
+    )
+    entry = review_object(_pod({"nvidia.com/gpucores": "30"}), policy)
+    assert entry["allowed"], entry["violations"]
+    spec = pod_spec(entry["object"])
+    assert spec["schedulerName"] == "hami-scheduler"
+    assert spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    again = review_object(entry["object"], policy)
     assert again["allowed"], again["violations"]
     assert again["patch"] == []

@@ -5,9 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.paths import ROOT
-from webhook.core.policy import RULE_IDS, Policy, PolicyError
+from webhook.core.policy import API_VERSION, KIND, RULE_IDS, Mode, Policy, PolicyError
 from webhook.core.policy import parse_policy as parse_core_policy
 from webhook.core.resources import PodRequests, read_pod
 from webhook.policies import DEFAULT_POLICY, load_policy, parse_policy
@@ -113,9 +114,14 @@ def _asks(policy: Policy, *names: str) -> PodRequests:
     return read_pod({"containers": containers}, policy)
 
 
+def _scheduler(policy: Policy, *names: str, mode: Mode = "vgpu") -> str:
+    """The scheduler of a pod in ``mode`` with one container per resource name."""
+    return policy.scheduler_for(_asks(policy, *names), mode=mode)
+
+
 def test_default_keeps_each_vendor_on_the_scheduler_that_accounts_for_it() -> None:
     def scheduler(*names: str) -> str:
-        return DEFAULT_POLICY.scheduler_for(_asks(DEFAULT_POLICY, *names))
+        return _scheduler(DEFAULT_POLICY, *names)
 
     assert scheduler("nvidia.com/gpu", "nvidia.com/gpumem") == "hami-scheduler"
     assert scheduler("aliyun.com/gpu-mem") == "default-scheduler"
@@ -133,22 +139,20 @@ def test_old_single_scheduler_still_means_every_gpu_sharing_pod() -> None:
     assert policy.scheduler_name == "my-scheduler"
     assert policy.resource_schedulers == {}
     for names in (["nvidia.com/gpumem"], ["aliyun.com/gpu-mem"], ["volcano.sh/vgpu-memory"]):
-        assert policy.scheduler_for(_asks(policy, *names)) == "my-scheduler"
+        assert _scheduler(policy, *names) == "my-scheduler"
     ack = load_policy(ROOT / "policies" / "examples" / "ack-mps.yaml")
-    assert ack.scheduler_for(_asks(ack, "aliyun.com/gpu-mem")) == "default-scheduler"
+    assert _scheduler(ack, "aliyun.com/gpu-mem") == "default-scheduler"
 
 
 def test_per_resource_schedulers_merge_onto_the_default() -> None:
     policy = parse_policy(_HEAD + "  schedulerName:\n    default: my-hami\n")
-    assert policy.scheduler_for(_asks(policy, "nvidia.com/gpumem")) == "my-hami"
-    assert policy.scheduler_for(_asks(policy, "aliyun.com/gpu-mem")) == "default-scheduler"
+    assert _scheduler(policy, "nvidia.com/gpumem") == "my-hami"
+    assert _scheduler(policy, "aliyun.com/gpu-mem") == "default-scheduler"
     # An entry that names the default scheduler is the same as none.
     moved = parse_policy(_HEAD + "  schedulerName:\n    aliyun.com/gpu-mem: hami-scheduler\n")
     assert "aliyun.com/gpu-mem" not in moved.resource_schedulers
-    assert moved.scheduler_for(_asks(moved, "aliyun.com/gpu-mem")) == "hami-scheduler"
-    assert moved.scheduler_for(_asks(moved, "aliyun.com/gpu-core.percentage")) == (
-        "default-scheduler"
-    )
+    assert _scheduler(moved, "aliyun.com/gpu-mem") == "hami-scheduler"
+    assert _scheduler(moved, "aliyun.com/gpu-core.percentage") == "default-scheduler"
 
 
 def test_inherited_entries_for_resources_a_policy_drops_are_moot() -> None:
@@ -185,6 +189,23 @@ def test_inherited_entries_for_resources_a_policy_drops_are_moot() -> None:
                 "by any scheduler",
             ],
         ),
+        (
+            # Bare words are modes or typos, never resources; names with a '/' are resources.
+            "  schedulerName:\n    mps: default-scheduler\n    MPS: a\n    hami-core: b\n"
+            "    mig: c\n    nvidia.com/mps: d\n",
+            [
+                "line 6: spec.schedulerName.MPS: not a mode; modes are vgpu, mps "
+                "(resource names have a '/')",
+                "line 7: spec.schedulerName.hami-core: not a mode; modes are vgpu, mps",
+                "line 8: spec.schedulerName.mig: MIG instances are counted by any scheduler "
+                "and MIG pods keep theirs",
+                "line 9: spec.schedulerName.nvidia.com/mps: not a GPU-sharing resource",
+            ],
+        ),
+        (
+            '  schedulerName:\n    default: x\n    vgpu: ""\n',
+            ["line 6: spec.schedulerName.vgpu: '' should be non-empty"],
+        ),
     ],
 )
 def test_bad_schedulers_name_their_line(body: str, expected: list[str]) -> None:
@@ -201,8 +222,94 @@ def test_a_per_resource_map_over_a_single_scheduler_needs_its_default() -> None:
     with pytest.raises(PolicyError) as caught:
         parse_core_policy(text, base=base, source="p.yaml")
     assert caught.value.errors == [
-        "line 4: spec.schedulerName: a per-resource schedulerName needs default: "
+        "line 4: spec.schedulerName: a per-mode or per-resource schedulerName needs default: "
         "the scheduler of other GPU pods"
     ]
     fixed = parse_core_policy(text + "    default: default-scheduler\n", base=base)
-    assert fixed.scheduler_for(_asks(fixed, "aliyun.com/gpu-mem")) == "ack-scheduler"
+    assert _scheduler(fixed, "aliyun.com/gpu-mem") == "ack-scheduler"
+    per_mode = _HEAD + "  schedulerName:\n    mps: ack-scheduler\n"
+    with pytest.raises(PolicyError) as caught:
+        parse_core_policy(per_mode, base=base, source="p.yaml")
+    assert caught.value.errors[0].startswith("line 4: spec.schedulerName: a per-mode or")
+
+
+# -- the scheduler of each mode ----------------------------------------------------------
+
+
+def test_a_mode_entry_sits_between_the_resource_entries_and_the_default() -> None:
+    policy = parse_policy(_HEAD + "  schedulerName:\n    mps: default-scheduler\n")
+    assert policy.scheduler_name == "hami-scheduler"
+    assert policy.mode_schedulers == {"mps": "default-scheduler"}
+    # The mode's scheduler over the default: HAMi's resources on MPS pools.
+    assert _scheduler(policy, "nvidia.com/gpumem", mode="mps") == "default-scheduler"
+    assert _scheduler(policy, "nvidia.com/gpumem", mode="vgpu") == "hami-scheduler"
+    # A resource's scheduler over the mode's: only Volcano counts Volcano's slices.
+    assert _scheduler(policy, "volcano.sh/vgpu-memory", mode="mps") == "volcano"
+    # Vendors mixed: no resource's scheduler counts all, so the mode's, else the default.
+    mixed = ("aliyun.com/gpu-mem", "volcano.sh/vgpu-memory")
+    assert _scheduler(policy, *mixed, mode="mps") == "default-scheduler"
+    assert _scheduler(policy, *mixed, mode="vgpu") == "hami-scheduler"
+
+
+def test_a_resource_entry_naming_the_default_still_wins_over_a_mode_entry() -> None:
+    policy = parse_policy(
+        _HEAD + "  schedulerName:\n    mps: my-mps\n    nvidia.com/gpumem: hami-scheduler\n"
+    )
+    assert policy.resource_schedulers["nvidia.com/gpumem"] == "hami-scheduler"
+    assert _scheduler(policy, "nvidia.com/gpumem", mode="mps") == "hami-scheduler"
+    assert _scheduler(policy, "nvidia.com/gpucores", mode="mps") == "my-mps"
+    # Not every resource listed for hami-scheduler: the mode's.
+    assert _scheduler(policy, "nvidia.com/gpumem", "nvidia.com/gpucores", mode="mps") == "my-mps"
+    # Without another mode entry the same resource entry is moot and left out.
+    plain = parse_policy(_HEAD + "  schedulerName:\n    nvidia.com/gpumem: hami-scheduler\n")
+    assert "nvidia.com/gpumem" not in plain.resource_schedulers
+
+
+def test_a_mode_entry_naming_the_default_is_moot() -> None:
+    policy = parse_policy(_HEAD + "  schedulerName:\n    vgpu: hami-scheduler\n")
+    assert policy.mode_schedulers == {}
+    assert policy.resource_schedulers == DEFAULT_POLICY.resource_schedulers
+
+
+def test_a_plain_scheduler_name_still_means_every_mode() -> None:
+    policy = parse_policy(_HEAD + "  schedulerName: my-scheduler\n")
+    assert policy.mode_schedulers == {}
+    for mode in ("vgpu", "mps"):
+        assert _scheduler(policy, "aliyun.com/gpu-mem", mode=mode) == "my-scheduler"
+
+
+def test_mode_entries_merge_and_survive_a_dump() -> None:
+    """A policy written back out (its spec, merged onto the default) parses to the same."""
+    policy = parse_policy(
+        _HEAD + "  schedulerName:\n    vgpu: my-vgpu\n    mps: default-scheduler\n"
+    )
+    assert policy.mode_schedulers == {"vgpu": "my-vgpu", "mps": "default-scheduler"}
+    assert policy.resource_schedulers == DEFAULT_POLICY.resource_schedulers
+    dumped = yaml.safe_dump({"apiVersion": API_VERSION, "kind": KIND, "spec": dict(policy.spec)})
+    again = parse_core_policy(dumped, base=None)
+    assert again.digest == policy.digest
+    assert again.mode_schedulers == policy.mode_schedulers
+
+
+def test_a_count_resource_goes_with_its_vendors_slices() -> None:
+    """The mutation adds nvidia.com/gpu to gpucores asked alone: the pod it made must keep
+    the scheduler it was given, or /validate refuses the mutation's own output."""
+    policy = parse_policy(
+        _HEAD + "  schedulerName:\n    mps: my-mps\n    nvidia.com/gpucores: hami-scheduler\n"
+    )
+
+    def one_container(**limits: str) -> str:
+        container = {"name": "c", "resources": {"limits": limits}}
+        return policy.scheduler_for(read_pod({"containers": [container]}, policy), mode="mps")
+
+    assert one_container(**{"nvidia.com/gpucores": "30"}) == "hami-scheduler"
+    assert one_container(**{"nvidia.com/gpucores": "30", "nvidia.com/gpu": "1"}) == (
+        "hami-scheduler"
+    )
+    # Alone, or beside another vendor's slices, a count resource is asked for in its own right.
+    assert one_container(**{"nvidia.com/gpu": "1"}) == "my-mps"
+    assert one_container(**{"nvidia.com/gpu": "1", "aliyun.com/gpu-mem": "1"}) == "my-mps"
+    assert policy.scheduling_resources(["nvidia.com/gpu", "aliyun.com/gpu-mem"]) == [
+        "nvidia.com/gpu",
+        "aliyun.com/gpu-mem",
+    ]

@@ -382,7 +382,7 @@ def _edits(
     if mode not in ("vgpu", "mps"):
         return
     spec, sp = view.spec, view.spec_pointer
-    _scheduler_ops(out, spec, sp, policy.scheduler_for(requests))
+    _scheduler_ops(out, spec, sp, policy.scheduler_for(requests, mode=mode))
     if mode == "mps":
         _mps_pod_ops(out, spec, sp, policy)
     _annotation_ops(out, view, mode)

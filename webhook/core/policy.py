@@ -40,6 +40,9 @@ RULE_IDS: Final = (
     "no-fitting-node",
 )
 MODES: Final = ("vgpu", "mps", "mig")
+# The modes whose pods get a scheduler: MIG pods keep theirs (every scheduler counts
+# MIG instances, plain extended resources).
+SCHEDULED_MODES: Final = ("vgpu", "mps")
 # The cluster's own scheduler: a pod without a schedulerName gets it.
 DEFAULT_SCHEDULER: Final = "default-scheduler"
 ACTIONS: Final = ("deny", "warn", "audit", "off")
@@ -79,7 +82,8 @@ SCHEMA: Final[dict[str, Any]] = {
             "type": "object",
             "additionalProperties": False,
             "properties": {
-                # One scheduler for every GPU-sharing pod, or {default: ..., <resource>: ...}.
+                # One scheduler for every GPU-sharing pod, or
+                # {default: ..., <mode>: ..., <resource>: ...}.
                 "schedulerName": {
                     "type": ["string", "object"],
                     "minLength": 1,
@@ -289,10 +293,12 @@ class Policy:
 
     name: str
     digest: str
-    # The scheduler of GPU-sharing pods, and the resources another scheduler accounts
-    # for (the policy's sharing resources only, in policy order): see scheduler_for.
+    # The scheduler of GPU-sharing pods, the resources another scheduler accounts for
+    # (the policy's sharing resources only, in policy order) and the modes whose pods
+    # go to another scheduler: see scheduler_for.
     scheduler_name: str
     resource_schedulers: Mapping[str, str]
+    mode_schedulers: Mapping[str, str]
     allowed_schedulers: frozenset[str]
     on_error: Literal["deny", "allow"]
     count_resources: frozenset[str]
@@ -358,22 +364,34 @@ class Policy:
     def action(self, rule: str) -> Action:
         return self.actions[rule]
 
-    def scheduler_for(self, requests: PodRequests) -> str:
-        """The scheduler that accounts for a pod's shared GPUs.
+    def scheduler_for(self, requests: PodRequests, *, mode: Mode) -> str:
+        """The scheduler that accounts for the shared GPUs of a pod in ``mode``.
 
-        A resource's scheduler when every sharing resource the pod asks for is that
-        scheduler's; ``scheduler_name`` otherwise, also for a pod that mixes resources
-        of two schedulers (neither can account for the other's).
+        A resource's scheduler when every sharing resource the pod asks for is listed
+        for that one scheduler; else the mode's, else ``scheduler_name``: also for a pod
+        that mixes resources of two schedulers (neither accounts for the other's).
         """
+        fallback = self.mode_schedulers.get(mode, self.scheduler_name)
         if not self.resource_schedulers:
-            return self.scheduler_name
-        default = self.scheduler_name
+            return fallback
         found = {
-            self.resource_schedulers.get(resource, default)
+            self.resource_schedulers.get(resource)
             for request in requests.containers
-            for resource in request.sharing_resources
+            for resource in self.scheduling_resources(request.sharing_resources)
         }
-        return found.pop() if len(found) == 1 else default
+        listed = found.pop() if len(found) == 1 else None
+        return listed if listed is not None else fallback
+
+    def scheduling_resources(self, names: Iterable[str]) -> list[str]:
+        """The sharing resources of one container that say whose GPUs it asks for.
+
+        A count resource beside slices of its own vendor (``nvidia.com/gpu`` beside
+        ``nvidia.com/gpucores``) only counts them, and the mutation adds it to slices
+        asked alone: it goes with them, so the mutated pod keeps the scheduler it got.
+        """
+        names = list(names)
+        domains = tuple(n.split("/", 1)[0] + "/" for n in names if n not in self.count_resources)
+        return [n for n in names if n not in self.count_resources or not n.startswith(domains)]
 
     def is_gpu_resource(self, name: str) -> bool:
         return name in self.gpu_resources or name.startswith(self.mig_prefixes)
@@ -549,16 +567,7 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
     canonical = json.dumps(spec, sort_keys=True, separators=(",", ":"))
     digest = hashlib.sha256(canonical.encode()).hexdigest()[:16]
     res = spec["resources"]
-    schedulers = spec["schedulerName"]
-    # A map without a default (only over a single name) is refused by parse_policy.
-    scheduler_name = (
-        schedulers if isinstance(schedulers, str) else schedulers.get("default", DEFAULT_SCHEDULER)
-    )
-    resource_schedulers = {
-        name: scheduler
-        for name, scheduler in ({} if isinstance(schedulers, str) else schedulers).items()
-        if name != "default" and scheduler != scheduler_name
-    }
+    scheduler_name, mode_schedulers, resource_schedulers = _scheduler_maps(spec["schedulerName"])
     modes = spec["modes"]
     vgpu = spec["vgpu"]
     limits = spec["limits"]
@@ -568,6 +577,7 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         digest=digest,
         scheduler_name=scheduler_name,
         resource_schedulers=resource_schedulers,
+        mode_schedulers=mode_schedulers,
         allowed_schedulers=frozenset(spec["allowedSchedulers"]),
         on_error=spec["onError"],
         count_resources=frozenset(res["count"]),
@@ -614,6 +624,30 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
     )
 
 
+def _scheduler_maps(
+    schedulers: str | Mapping[str, str],
+) -> tuple[str, dict[str, str], dict[str, str]]:
+    """``schedulerName`` as the default scheduler, the modes' and the resources'.
+
+    Entries that always give what the next step would are left out: a mode's that names
+    the default, and a resource's that names the default while no mode has another (with
+    one, the resource's entry still wins over it).
+    """
+    if isinstance(schedulers, str):
+        return schedulers, {}, {}
+    # A map without a default (only over a single name) is refused by parse_policy.
+    default = schedulers.get("default", DEFAULT_SCHEDULER)
+    by_mode = {
+        mode: s for mode, s in schedulers.items() if mode in SCHEDULED_MODES and s != default
+    }
+    by_resource = {
+        name: s
+        for name, s in schedulers.items()
+        if name != "default" and name not in MODES and (by_mode or s != default)
+    }
+    return default, by_mode, by_resource
+
+
 def _schedulers(
     raw: str | Mapping[str, str], resources: Mapping[str, list[str]]
 ) -> str | dict[str, str]:
@@ -629,11 +663,13 @@ def _schedulers(
         for name in names
         if not name.startswith(mig)
     }
-    return {name: s for name, s in raw.items() if name in sharing or name == "default"}
+    kept = {"default", *SCHEDULED_MODES}
+    return {name: s for name, s in raw.items() if name in sharing or name in kept}
 
 
 def _scheduler_problems(document: Mapping[str, Any], policy: Policy) -> list[tuple[list[Any], str]]:
-    """Per-resource schedulers the document names that cannot take effect, by path."""
+    """Per-mode and per-resource schedulers the document names that cannot take effect,
+    by path. A key is a mode exactly when it is one of MODES; anything else is a resource."""
     written = (document.get("spec") or {}).get("schedulerName")
     if not isinstance(written, Mapping):
         return []
@@ -641,17 +677,24 @@ def _scheduler_problems(document: Mapping[str, Any], policy: Policy) -> list[tup
     problems: list[tuple[list[Any], str]] = []
     if "default" not in policy.spec["schedulerName"]:
         problems.append(
-            (path, "a per-resource schedulerName needs default: the scheduler of other GPU pods")
+            (
+                path,
+                "a per-mode or per-resource schedulerName needs default: "
+                "the scheduler of other GPU pods",
+            )
         )
     for name in written:
-        if name == "default" or (
+        if name in ("default", *SCHEDULED_MODES) or (
             name in policy.gpu_resources and not name.startswith(policy.mig_prefixes)
         ):
             continue
-        if name.startswith(policy.mig_prefixes):
+        if name == "mig" or name.startswith(policy.mig_prefixes):
             why = "MIG instances are counted by any scheduler and MIG pods keep theirs; remove it"
-        else:
+        elif "/" in name:
             why = "not a GPU-sharing resource of the policy; list it in spec.resources or fix the name"
+        else:
+            # Resource names carry their vendor's domain: a bare word meant a mode.
+            why = f"not a mode; modes are {', '.join(SCHEDULED_MODES)} (resource names have a '/')"
         problems.append(([*path, name], why))
     return problems
 

@@ -489,7 +489,7 @@ def scheduler_bypass(subject: Subject, policy: Policy) -> Iterator[Finding]:
     if subject.mode not in ("vgpu", "mps") or not subject.requests.sharing or not subject.created:
         return
     scheduler = subject.view.spec.get("schedulerName")
-    wanted = policy.scheduler_for(subject.requests)
+    wanted = policy.scheduler_for(subject.requests, mode=subject.mode)
     if scheduler in (None, "", DEFAULT_SCHEDULER, wanted):
         return
     if isinstance(scheduler, str) and scheduler in policy.allowed_schedulers:
