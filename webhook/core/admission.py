@@ -7,12 +7,12 @@ never parses the body again.
 
 from __future__ import annotations
 
-import binascii
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
+import pybase64
 
 from webhook.core.cluster import ClusterView
 from webhook.core.decision import Decision, Request, decide
@@ -53,9 +53,9 @@ def _response(
         response["status"] = {"code": 403, "reason": "Forbidden", "message": decision.message()}
     if decision.patch and endpoint == "mutate":
         response["patchType"] = "JSONPatch"
-        # base64.b64encode is this call behind a Python frame (~0.5 us more a patch).
-        patch = orjson.dumps(decision.patch)
-        response["patch"] = binascii.b2a_base64(patch, newline=False).decode()
+        # pybase64's SIMD encoder: binascii spends ~19 instructions a byte here (~35k of
+        # ~1.3M a 5 KB GPU review, callgrind), this ~2 and no bytes-to-str decode.
+        response["patch"] = pybase64.b64encode_as_string(orjson.dumps(decision.patch))
     if decision.warnings:
         response["warnings"] = decision.warnings
     annotations = {"mode": decision.mode, "policy": policy.digest}
