@@ -5,10 +5,6 @@ a new policy, with no more rights than the install's RBAC grants."""
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,9 +12,10 @@ from typing import Any
 
 import pytest
 
+from tests.e2e import serving
 from webhook.certs.lease import read_json
 from webhook.core.policy import Policy
-from webhook.dev.cluster import DevCluster, free_port
+from webhook.dev.cluster import DevCluster
 from webhook.install import manifests
 from webhook.install.celpolicy import BINDING_KIND, LABELS, POLICY_KIND, validating_policies
 from webhook.install.reconcile import ScopeKeeper
@@ -239,42 +236,23 @@ def test_serve_follows_an_edited_policy_file(
 ) -> None:
     """The real command: the policy file changes (as a ConfigMap update does), the leader
     re-renders the configurations' matchConditions without a restart."""
-    kubeconfig = tmp_path / "kubeconfig"
-    cluster.write_kubeconfig(kubeconfig)
     policy = tmp_path / "policy.yaml"
     policy.write_text(DEFAULT_FILE.read_text())
-    port, health_port = free_port(), free_port()
-    log = tmp_path / "serve.log"
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "webhook",
-                "serve",
-                "--host=127.0.0.1",
-                f"--port={port}",
-                f"--health-port={health_port}",
-                f"--cert-dir={tmp_path / 'certs'}",
-                f"--policy={policy}",
-                "--audit-log=/dev/null",
-                "--self-managed",
-                f"--namespace={NAMESPACE}",
-                "--secret=e2e-scope-tls",
-                f"--webhook-config={CONFIG}",
-                f"--kubeconfig={kubeconfig}",
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "POD_NAME": "e2e-scope-pod"},
-        )
-    try:
-        default = [dict(c) for c in match_conditions(DEFAULT_POLICY)]
-        wanted = [dict(c) for c in match_conditions(changed_policy())]
-        deadline = time.monotonic() + WAIT
-        while "leads Lease" not in log.read_text():
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
+    default = [dict(c) for c in match_conditions(DEFAULT_POLICY)]
+    wanted = [dict(c) for c in match_conditions(changed_policy())]
+    deadline = time.monotonic() + WAIT
+    with serving.self_managed(
+        cluster,
+        tmp_path,
+        namespace=NAMESPACE,
+        secret="e2e-scope-tls",
+        webhook_config=CONFIG,
+        pod_name="e2e-scope-pod",
+        args=(f"--policy={policy}",),
+    ) as served:
+        while "leads Lease" not in served.output():
+            assert served.process.poll() is None, served.output()
+            assert time.monotonic() < deadline, served.output()
             time.sleep(0.05)
         assert conditions_of(admission) == [default, default]
         # A ConfigMap volume swaps a symlink; a rename is the same for the poll.
@@ -282,15 +260,7 @@ def test_serve_follows_an_edited_policy_file(
         edited.write_text(CHANGED)
         edited.replace(policy)
         while conditions_of(admission) != [wanted, wanted]:
-            assert process.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, log.read_text()
+            assert served.process.poll() is None, served.output()
+            assert time.monotonic() < deadline, served.output()
             time.sleep(0.05)
-    finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-    assert process.returncode == 0, log.read_text()
-    assert "matchConditions of 1 webhooks rewritten" in log.read_text()
+    assert "matchConditions of 1 webhooks rewritten" in served.output()

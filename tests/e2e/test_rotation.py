@@ -6,12 +6,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import os
-import signal
 import socket
 import ssl
-import subprocess
-import sys
 import time
 import urllib.request
 from collections.abc import Callable, Iterator
@@ -25,6 +21,7 @@ from cryptography import x509
 from cryptography.x509 import DNSName
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
+from tests.e2e import serving
 from webhook.certs.lease import read_json
 from webhook.certs.material import CertificateError
 from webhook.certs.rotation import (
@@ -36,7 +33,7 @@ from webhook.certs.rotation import (
     parse_bundle,
 )
 from webhook.certs.selfmanaged import SelfManagedCertificates
-from webhook.dev.cluster import DevCluster, free_port
+from webhook.dev.cluster import DevCluster
 from webhook.install.celpolicy import NAME_PREFIX, rule_expressions
 from webhook.policies import DEFAULT_POLICY
 
@@ -374,80 +371,54 @@ def test_serve_self_managed_with_workers(
     it current, every worker serves it; the apiserver's view (the caBundle) verifies it."""
     from kubernetes import client
 
-    kubeconfig = tmp_path / "kubeconfig"
-    cluster.write_kubeconfig(kubeconfig)
-    port, health_port = free_port(), free_port()
-    log = tmp_path / "serve.log"
-    with log.open("wb") as output:
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "webhook",
-                "serve",
-                "--host=127.0.0.1",
-                f"--port={port}",
-                f"--health-port={health_port}",
-                f"--cert-dir={tmp_path / 'certs'}",
-                "--audit-log=/dev/null",
-                "--workers=2",
-                "--self-managed",
-                f"--namespace={NAMESPACE}",
-                f"--service={SERVICE}",
-                "--secret=e2e-serve-tls",
-                f"--webhook-config={CONFIG}",
-                f"--kubeconfig={kubeconfig}",
-            ],
-            stdout=output,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "POD_NAME": "e2e-serve-pod"},
-        )
     core: Any = client.CoreV1Api(cluster.api_client())
     try:
-        # Ready once both workers have answered (each reports its pid).
-        ready = f"http://127.0.0.1:{health_port}/readyz"
-        pids: set[int] = set()
-        deadline = time.monotonic() + 60
-        while len(pids) < 2:
-            assert process.poll() is None, log.read_text()
-            with (
-                contextlib.suppress(OSError),
-                urllib.request.urlopen(ready, timeout=1) as response,
-            ):
-                pids.add(orjson.loads(response.read())["pid"])
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.05)
-        data = {
-            k: base64.b64decode(v)
-            for k, v in read_json(
-                core.read_namespaced_secret("e2e-serve-tls", NAMESPACE, _preload_content=False)
-            )["data"].items()
-        }
-        assert ca_bundles(admission) == [data[CA_BUNDLE]] * 3
-        # What the apiserver does: dial the Service name, trust the caBundle.
-        context = ssl.create_default_context(cadata=data[CA_BUNDLE].decode())
-        for _ in range(4):  # both workers accept on the shared port
-            with (
-                socket.create_connection(("127.0.0.1", port), timeout=5) as raw,
-                context.wrap_socket(raw, server_hostname=f"{SERVICE}.{NAMESPACE}.svc") as tls,
-            ):
-                served = tls.getpeercert(binary_form=True)
-            assert served is not None
-            assert x509.load_der_x509_certificate(served) == x509.load_pem_x509_certificate(
-                data[SERVING_CERT]
-            )
-        assert lease_holder(cluster, "e2e-serve-tls-leader") == "e2e-serve-pod"
-        # The parent before forking, then the first worker; never the second.
-        assert log.read_text().count("leads Lease") == 2, log.read_text()
+        with serving.self_managed(
+            cluster,
+            tmp_path,
+            namespace=NAMESPACE,
+            secret="e2e-serve-tls",
+            webhook_config=CONFIG,
+            pod_name="e2e-serve-pod",
+            args=("--workers=2",),
+        ) as served:
+            # Ready once both workers have answered (each reports its pid).
+            ready = f"http://127.0.0.1:{served.health_port}/readyz"
+            pids: set[int] = set()
+            deadline = time.monotonic() + 60
+            while len(pids) < 2:
+                assert served.process.poll() is None, served.output()
+                with (
+                    contextlib.suppress(OSError),
+                    urllib.request.urlopen(ready, timeout=1) as response,
+                ):
+                    pids.add(orjson.loads(response.read())["pid"])
+                assert time.monotonic() < deadline, served.output()
+                time.sleep(0.05)
+            data = {
+                k: base64.b64decode(v)
+                for k, v in read_json(
+                    core.read_namespaced_secret("e2e-serve-tls", NAMESPACE, _preload_content=False)
+                )["data"].items()
+            }
+            assert ca_bundles(admission) == [data[CA_BUNDLE]] * 3
+            # What the apiserver does: dial the Service name, trust the caBundle.
+            context = ssl.create_default_context(cadata=data[CA_BUNDLE].decode())
+            for _ in range(4):  # both workers accept on the shared port
+                with (
+                    socket.create_connection(("127.0.0.1", served.port), timeout=5) as raw,
+                    context.wrap_socket(raw, server_hostname=f"{SERVICE}.{NAMESPACE}.svc") as tls,
+                ):
+                    presented = tls.getpeercert(binary_form=True)
+                assert presented is not None
+                assert x509.load_der_x509_certificate(presented) == x509.load_pem_x509_certificate(
+                    data[SERVING_CERT]
+                )
+            assert lease_holder(cluster, "e2e-serve-tls-leader") == "e2e-serve-pod"
+            # The parent before forking, then the first worker; never the second.
+            assert served.output().count("leads Lease") == 2, served.output()
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
         core.api_client.close()
-    assert process.returncode == 0, log.read_text()
 
 
 def _arg(args: list[str], flag: str) -> str:
