@@ -82,7 +82,7 @@ def cel_cluster(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         objects = validating_policies(POLICY)
         for obj in [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]:
             # As rendered, bar one label: in namespaces with it a binding of its own only
-            # warns, so every rule that fails shows (a denial names the first policy only).
+            # warns, one warning per failing rule (a denial names the first one only).
             warn = copy.deepcopy(obj)
             for binding, operator in ((obj, "DoesNotExist"), (warn, "Exists")):
                 selector = binding["spec"]["matchResources"]["namespaceSelector"]
@@ -602,9 +602,9 @@ def test_cel_verdicts_equal_the_cores_with_per_mode_schedulers(
 
 def test_cel_verdicts_equal_the_cores(api: Api, ns: str) -> None:
     """Differential: for generated objects, the rules the CEL policies refuse equal the
-    CEL-rendered rules the core denies. The apiserver names only the first policy that
-    refuses, so per object: refused exactly when the core denies a rendered rule, and by
-    one of the rules the core denies."""
+    CEL-rendered rules the core denies. The apiserver names only the first validation that
+    fails, so per object: refused exactly when the core denies a rendered rule, and by one
+    of the rules the core denies."""
     sent: list[Sent] = []
     counter = itertools.count()
 
@@ -629,7 +629,7 @@ def test_cel_verdicts_equal_the_cores(api: Api, ns: str) -> None:
         seen = item.body if item.status == 201 else item.obj
         want = core_denials(seen, ns)
         got = vap_rules(item)
-        # The apiserver names the first refusing policy only: it must be one the core
+        # The apiserver names the first failing validation only: it must be one the core
         # denies, and the CEL policies refuse exactly when the core denies a CEL rule.
         if len(got) > 1 or not got <= want or bool(got) != bool(want):
             mismatches.append((item.kind, sorted(got), sorted(want), item.obj))
@@ -903,16 +903,28 @@ def host_access_objects(draw: st.DrawFn, policy: Policy, namespace: str) -> tupl
 
 
 def _host_policies() -> list[Obj]:
-    """host-device-access of each HOST_POLICIES policy renamed apart, warning only in
-    namespaces labelled with its name."""
+    """host-device-access of each HOST_POLICIES policy (its only validation kept) renamed
+    apart, warning only in namespaces labelled with its name."""
     objects = []
+    rule = "host-device-access"
     for key, policy in HOST_POLICIES.items():
-        for obj in validating_policies(policy):
-            if not obj["metadata"]["name"].endswith("host-device-access"):
+        rendered = validating_policies(policy)
+        (holder,) = [
+            o["metadata"]["name"]
+            for o in rendered
+            if o["kind"] == "ValidatingAdmissionPolicy"
+            and any(v["message"].startswith(f"[{rule}] ") for v in o["spec"]["validations"])
+        ]
+        for obj in rendered:
+            if obj["metadata"]["name"] != holder:
                 continue
-            obj["metadata"]["name"] += f"-{key}"
-            if obj["kind"] == "ValidatingAdmissionPolicyBinding":
-                obj["spec"]["policyName"] += f"-{key}"
+            obj["metadata"]["name"] = f"gpushare-{rule}-{key}"
+            if obj["kind"] == "ValidatingAdmissionPolicy":
+                obj["spec"]["validations"] = [
+                    v for v in obj["spec"]["validations"] if v["message"].startswith(f"[{rule}] ")
+                ]
+            else:
+                obj["spec"]["policyName"] = f"gpushare-{rule}-{key}"
                 obj["spec"]["validationActions"] = ["Warn"]
                 selector = obj["spec"]["matchResources"]["namespaceSelector"]
                 selector["matchExpressions"].append(

@@ -17,7 +17,13 @@ from webhook.certs.lease import read_json
 from webhook.core.policy import Policy
 from webhook.dev.cluster import DevCluster
 from webhook.install import manifests
-from webhook.install.celpolicy import BINDING_KIND, LABELS, POLICY_KIND, validating_policies
+from webhook.install.celpolicy import (
+    BINDING_KIND,
+    LABELS,
+    POLICY_KIND,
+    RULES,
+    validating_policies,
+)
 from webhook.install.reconcile import ScopeKeeper
 from webhook.install.scope import match_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
@@ -123,6 +129,11 @@ def cel_objects(api: Any) -> dict[str, dict[str, dict[str, Any]]]:
     }
 
 
+def rules_of(policy: dict[str, Any]) -> list[str]:
+    """The rule ids of a stored ValidatingAdmissionPolicy's validations, in order."""
+    return [v["message"].split("]", 1)[0].removeprefix("[") for v in policy["spec"]["validations"]]
+
+
 def conditions_of(api: Any) -> list[list[dict[str, str]]]:
     found: list[list[dict[str, str]]] = []
     for read in (
@@ -202,23 +213,79 @@ def test_a_new_policy_rewrites_conditions_and_cel_policies(admission: Any, as_ke
     assert conditions_of(admission) == [wanted, wanted]
     assert any("example.com/gpu" in c["expression"] for c in wanted)
     objects = cel_objects(admission)
-    assert "gpushare-node-name-pinning" not in objects[POLICY_KIND]
-    assert "gpushare-node-name-pinning" not in objects[BINDING_KIND]
-    binding = objects[BINDING_KIND]["gpushare-privileged-gpu"]
-    assert binding["spec"]["validationActions"] == ["Warn"]
+    # node-name-pinning turned off leaves gpushare-deny; privileged-gpu: warn moves to a
+    # new gpushare-warn, bound with [Warn].
     assert (
-        f"{BINDING_KIND} gpushare-node-name-pinning deleted: the policy no longer renders it"
-        in (changes)
+        set(objects[POLICY_KIND])
+        == set(objects[BINDING_KIND])
+        == {
+            "gpushare-deny",
+            "gpushare-warn",
+        }
     )
+    denied = rules_of(objects[POLICY_KIND]["gpushare-deny"])
+    assert "node-name-pinning" not in denied and "privileged-gpu" not in denied
+    assert "forged-allocation" in denied
+    assert rules_of(objects[POLICY_KIND]["gpushare-warn"]) == ["privileged-gpu"]
+    assert objects[BINDING_KIND]["gpushare-warn"]["spec"]["validationActions"] == ["Warn"]
+    assert objects[BINDING_KIND]["gpushare-deny"]["spec"]["validationActions"] == ["Deny"]
+    # The deny binding is unchanged: only what differs is written.
+    assert changes[-3:] == [
+        f"{POLICY_KIND} gpushare-deny updated",
+        f"{POLICY_KIND} gpushare-warn created",
+        f"{BINDING_KIND} gpushare-warn created",
+    ], changes
     # A quiet check writes nothing: the apiserver's defaults are no difference.
     assert keeper.reconcile(changed) == []
 
-    # Back: the rule turned on again is created again.
-    keeper.reconcile(DEFAULT_POLICY)
+    # Back: the rules return to gpushare-deny and gpushare-warn is deleted, binding first.
+    changes = keeper.reconcile(DEFAULT_POLICY)
+    assert changes[-2:] == [
+        f"{BINDING_KIND} gpushare-warn deleted: the policy no longer renders it",
+        f"{POLICY_KIND} gpushare-warn deleted: the policy no longer renders it",
+    ], changes
     objects = cel_objects(admission)
-    assert "gpushare-node-name-pinning" in objects[POLICY_KIND]
-    assert objects[BINDING_KIND]["gpushare-privileged-gpu"]["spec"]["validationActions"] == ["Deny"]
+    assert set(objects[POLICY_KIND]) == set(objects[BINDING_KIND]) == {"gpushare-deny"}
+    assert rules_of(objects[POLICY_KIND]["gpushare-deny"]) == list(RULES)
     assert conditions_of(admission) == [[dict(c) for c in match_conditions(DEFAULT_POLICY)]] * 2
+
+
+def test_an_older_installs_policies_are_reported_not_deleted(
+    admission: Any, as_keeper: Any, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One policy per rule (an older install) carries the labels but not a rendered name:
+    the RBAC does not let the keeper delete it, so it says what to delete and goes on."""
+    install_cel_policies(admission, DEFAULT_POLICY)
+    older = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": POLICY_KIND,
+        "metadata": {"name": "gpushare-privileged-gpu", "labels": dict(LABELS)},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": [""],
+                        "apiVersions": ["v1"],
+                        "resources": ["pods"],
+                        "operations": ["CREATE"],
+                    }
+                ]
+            },
+            "validations": [{"expression": "true"}],
+        },
+    }
+    admission.create_validating_admission_policy(older)
+    keeper = ScopeKeeper(as_keeper, webhook_config=CONFIG, namespace=NAMESPACE)
+    with caplog.at_level("WARNING", logger="webhook.install.reconcile"):
+        keeper.reconcile(DEFAULT_POLICY)
+        keeper.reconcile(DEFAULT_POLICY)
+    assert "gpushare-privileged-gpu" in cel_objects(admission)[POLICY_KIND]
+    reports = [
+        r.getMessage() for r in caplog.records if "gpushare-privileged-gpu" in r.getMessage()
+    ]
+    assert len(reports) == 1, "reported once, not at every check"
+    assert "kubectl delete validatingadmissionpolicy gpushare-privileged-gpu" in reports[0]
 
 
 def test_an_install_without_cel_policies_gets_none(admission: Any, as_keeper: Any) -> None:

@@ -34,8 +34,7 @@ from webhook.certs.rotation import (
 )
 from webhook.certs.selfmanaged import SelfManagedCertificates
 from webhook.dev.cluster import DevCluster
-from webhook.install.celpolicy import NAME_PREFIX, rule_expressions
-from webhook.policies import DEFAULT_POLICY
+from webhook.install.celpolicy import POLICY_NAMES
 
 pytestmark = pytest.mark.e2e
 
@@ -450,9 +449,9 @@ async def test_the_install_rbac_is_all_the_mode_needs(
     ]
     assert {o["kind"] for o in rbac} == {"Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
     named = {n for o in rbac for r in o.get("rules", []) for n in r.get("resourceNames", [])}
-    # The CEL policies the leader keeps in step (tests/e2e/test_reconcile.py): one per rule
-    # CEL can express, whatever the policy's actions.
-    cel = {NAME_PREFIX + rule for rule in rule_expressions(DEFAULT_POLICY)}
+    # The CEL policies the leader keeps in step (tests/e2e/test_reconcile.py): one per
+    # action, whichever actions the policy's rules take.
+    cel = set(POLICY_NAMES)
     assert named == set(renames) | cel, (
         "the Role must name the Secret, its Lease, the configurations and the CEL policies"
     )

@@ -75,43 +75,76 @@ def test_base_file_is_what_the_generator_makes() -> None:
     assert [o for o in yaml.safe_load_all(text) if o] == validating_policies(DEFAULT_POLICY)
 
 
-def test_one_policy_and_binding_per_rendered_rule_with_its_action() -> None:
+def validations_by_rule(policy: manifests.Obj) -> dict[str, manifests.Obj]:
+    """A ValidatingAdmissionPolicy's validations by the rule id their message starts with."""
+    found = {}
+    for validation in policy["spec"]["validations"]:
+        rule = re.fullmatch(r"\[([a-z-]+)\] .+", validation["message"])
+        assert rule is not None, validation["message"]
+        found[rule.group(1)] = validation
+    return found
+
+
+def test_one_policy_and_binding_per_action_holding_its_rules() -> None:
     objects = validating_policies(DEFAULT_POLICY)
     policies = by_kind(objects, "ValidatingAdmissionPolicy")
     bindings = by_kind(objects, "ValidatingAdmissionPolicyBinding")
-    assert set(policies) == set(bindings) == {f"gpushare-{rule}" for rule in RULES}
+    # The default policy denies: one policy holds every rule, in RULES order.
+    assert set(policies) == set(bindings) == {"gpushare-deny"}
     assert set(RULES) <= set(RULE_IDS)
-    for rule in RULES:
-        spec = policies[f"gpushare-{rule}"]["spec"]
-        assert spec["failurePolicy"] == "Fail"
-        (validation,) = spec["validations"]
-        assert validation["message"].startswith(f"[{rule}] ")
-        binding = bindings[f"gpushare-{rule}"]["spec"]
-        assert binding["policyName"] == f"gpushare-{rule}"
-        assert binding["validationActions"] == ["Deny"]
-        selector = binding["matchResources"]["namespaceSelector"]["matchExpressions"][0]
-        assert selector["values"] == ["kube-system", "gpushare-system"]
+    spec = policies["gpushare-deny"]["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert list(validations_by_rule(policies["gpushare-deny"])) == list(RULES)
+    expressions = celpolicy.rule_expressions(DEFAULT_POLICY)
+    for rule, validation in validations_by_rule(policies["gpushare-deny"]).items():
+        assert validation["expression"] == expressions[rule]
+        assert validation["message"] == f"[{rule}] {celpolicy.MESSAGES[rule]}"
+        assert validation["reason"] == "Forbidden"
+    assert [v["name"] for v in spec["variables"]] == [
+        v["name"] for v in celpolicy.variables(DEFAULT_POLICY)
+    ]
+    binding = bindings["gpushare-deny"]["spec"]
+    assert binding["policyName"] == "gpushare-deny"
+    assert binding["validationActions"] == ["Deny"]
+    selector = binding["matchResources"]["namespaceSelector"]["matchExpressions"][0]
+    assert selector["values"] == ["kube-system", "gpushare-system"]
     # The default policy exempts nobody.
     assert all("matchConditions" not in p["spec"] for p in policies.values())
 
 
 def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
-    bindings = by_kind(validating_policies(CUSTOM), "ValidatingAdmissionPolicyBinding")
-    assert bindings["gpushare-privileged-gpu"]["spec"]["validationActions"] == ["Warn"]
-    assert bindings["gpushare-node-name-pinning"]["spec"]["validationActions"] == ["Audit"]
-    assert "gpushare-raw-visible-devices" not in bindings
-    assert bindings["gpushare-forged-allocation"]["spec"]["validationActions"] == ["Deny"]
+    objects = validating_policies(CUSTOM)
+    policies = by_kind(objects, "ValidatingAdmissionPolicy")
+    bindings = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    assert list(policies) == list(bindings) == ["gpushare-deny", "gpushare-warn", "gpushare-audit"]
+    assert set(policies) == set(celpolicy.POLICY_NAMES)
+    actions = {name: b["spec"]["validationActions"] for name, b in bindings.items()}
+    assert actions == {
+        "gpushare-deny": ["Deny"],
+        "gpushare-warn": ["Warn"],
+        "gpushare-audit": ["Audit"],
+    }
+    rules = {name: list(validations_by_rule(p)) for name, p in policies.items()}
+    assert rules["gpushare-warn"] == ["privileged-gpu"]
+    assert rules["gpushare-audit"] == ["node-name-pinning"]
+    assert rules["gpushare-deny"] == [
+        r for r in RULES if r not in ("privileged-gpu", "node-name-pinning", "raw-visible-devices")
+    ]
+    # The shared parts are the same in every policy.
+    specs = [p["spec"] for p in policies.values()]
+    for key in ("matchConstraints", "matchConditions", "variables", "failurePolicy"):
+        assert all(spec[key] == specs[0][key] for spec in specs), key
 
 
 def test_exemptions_and_writers_are_rendered() -> None:
     policies = by_kind(validating_policies(CUSTOM), "ValidatingAdmissionPolicy")
-    spec = policies["gpushare-forged-allocation"]["spec"]
+    spec = policies["gpushare-deny"]["spec"]
     conditions = {c["name"]: c["expression"] for c in spec["matchConditions"]}
     namespace = conditions["gpushare.io/namespace-not-exempt"]
     assert '"ops"' in namespace and glob_regex("batch-*") in namespace.replace("\\\\", "\\")
     user = conditions["gpushare.io/user-not-exempt"]
     assert '"root"' in user and '"admins"' in user and "tools/ci" in user
-    expression = spec["validations"][0]["expression"]
+    expression = validations_by_rule(policies["gpushare-deny"])["forged-allocation"]["expression"]
     assert "system:serviceaccount:" in expression and "alloc" in expression
 
 

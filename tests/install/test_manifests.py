@@ -28,9 +28,9 @@ from tests.paths import ROOT
 from webhook.cli import build_parser, main
 from webhook.core.workload import TEMPLATE_PATHS
 from webhook.install import celpolicy, manifests
-from webhook.install.celpolicy import NAME_PREFIX, rule_expressions
+from webhook.install.celpolicy import POLICY_NAMES
 from webhook.install.manifests import ManifestError, Obj
-from webhook.policies import DEFAULT_POLICY, load_policy
+from webhook.policies import load_policy
 
 DEPLOY = ROOT / "deploy"
 NS = "gpushare-system"
@@ -99,11 +99,7 @@ def test_default_install_objects() -> None:
         ("Service", "gpushare-webhook"),
         ("Deployment", "gpushare-webhook"),
         ("PodDisruptionBudget", "gpushare-webhook"),
-        *[
-            (kind, f"gpushare-{rule}")
-            for kind in celpolicy.KINDS
-            for rule in sorted(celpolicy.RULES)
-        ],
+        *[(kind, "gpushare-deny") for kind in celpolicy.KINDS],
         ("MutatingWebhookConfiguration", "gpushare-webhook"),
         ("ValidatingWebhookConfiguration", "gpushare-webhook"),
     ]
@@ -354,7 +350,7 @@ def test_self_managed_mode() -> None:
 
 def test_self_managed_rbac_is_least_privilege() -> None:
     objects = manifests.render(overlay="self-managed")
-    cel_names = {NAME_PREFIX + rule for rule in rule_expressions(DEFAULT_POLICY)}
+    cel_names = set(POLICY_NAMES)
     cel_kinds = {"validatingadmissionpolicies", "validatingadmissionpolicybindings"}
     for obj in objects:
         for rule in obj.get("rules", []):

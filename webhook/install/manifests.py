@@ -387,7 +387,8 @@ CEL_POLICIES_HEADER: Final = """\
 #
 # The deny rules CEL can express, as ValidatingAdmissionPolicies the apiserver itself
 # evaluates: they hold while the webhook is down or not installed. One policy and one
-# binding per rule (validationActions follow the rule's action in the policy).
+# binding per action the policy's rules take (gpushare-deny, gpushare-warn,
+# gpushare-audit), each rule one validation; validationActions follow the action.
 # `gpushare-webhook manifests --only cel` prints only these; --policy FILE renders them
 # for another policy.
 """

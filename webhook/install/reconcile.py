@@ -11,10 +11,13 @@ certificate check and at once when the policy changes:
 
 - every webhook of the two configurations gets the policy's conditions, by a JSON patch
   that tests each webhook's name first (it fails rather than land on a reordered list);
-- the CEL policies and bindings are replaced by what the policy renders (created when
-  missing) and those the policy no longer renders (a rule turned ``off``) are deleted. Only when the
-  install carries them: an install without any of them (``manifests`` without the CEL
-  part, or a cluster older than 1.30) chose not to have them, and none is created.
+- the CEL policies and bindings (one per action: ``gpushare-deny``, ``-warn``,
+  ``-audit``) are replaced by what the policy renders (created when missing) and those
+  the policy no longer renders (no rule takes that action any more) are deleted. Only
+  when the install carries them: an install without any of them (``manifests`` without
+  the CEL part, or a cluster older than 1.30) chose not to have them, and none is
+  created. Labelled objects under other names (an older install's one policy per rule)
+  are reported, not deleted: the install's RBAC reaches the rendered names only.
 
 Writes happen only on a difference, so a check in a quiet cluster reads and writes nothing
 else. Blocking calls (the ``kubernetes`` client): run it in a thread.
@@ -30,7 +33,13 @@ from typing import Any, Final, NamedTuple
 import orjson
 
 from webhook.core.policy import Policy
-from webhook.install.celpolicy import BINDING_KIND, LABELS, POLICY_KIND, validating_policies
+from webhook.install.celpolicy import (
+    BINDING_KIND,
+    LABELS,
+    POLICY_KIND,
+    POLICY_NAMES,
+    validating_policies,
+)
 from webhook.install.scope import MatchCondition, match_conditions
 
 log = logging.getLogger(__name__)
@@ -91,6 +100,7 @@ class ScopeKeeper:
         self.namespace = namespace
         self._timeout = request_timeout
         self._missing: set[str] = set()
+        self._foreign: set[tuple[str, str]] = set()
 
     def reconcile(self, policy: Policy) -> list[str]:
         """Bring the cluster in line with ``policy``; what was changed, one line each."""
@@ -207,9 +217,27 @@ class ScopeKeeper:
             for name in sorted(present[kind]):
                 if (kind, name) in names:
                     continue
+                if name not in POLICY_NAMES:
+                    self._report_foreign(kind, name)
+                    continue
                 kinds[kind].delete(name, _preload_content=False, _request_timeout=self._timeout)
                 changes.append(f"{kind} {name} deleted: the policy no longer renders it")
         return changes
+
+    def _report_foreign(self, kind: str, name: str) -> None:
+        if (kind, name) in self._foreign:
+            return
+        self._foreign.add((kind, name))
+        log.warning(
+            "%s %s carries the install's labels but is not a name it renders (%s): it is "
+            "left alone and still enforced; delete it (kubectl delete %s %s) if an older "
+            "install left it",
+            kind,
+            name,
+            ", ".join(POLICY_NAMES),
+            kind.lower(),
+            name,
+        )
 
 
 def _stamped(obj: Obj) -> Obj:
