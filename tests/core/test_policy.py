@@ -313,3 +313,25 @@ def test_a_count_resource_goes_with_its_vendors_slices() -> None:
         "nvidia.com/gpu",
         "aliyun.com/gpu-mem",
     ]
+
+
+@pytest.mark.parametrize(
+    ("patterns", "key", "reserved"),
+    [
+        (["hami.io/*-devices-allocated"], "hami.io/vgpu-devices-allocated", True),
+        (["hami.io/*-devices-allocated"], "hami.io/vgpu-node", False),
+        # A leading wildcard leaves no literal prefix: every key goes to the pattern.
+        (["*/bind-phase"], "example.com/bind-phase", True),
+        (["*/bind-phase"], "example.com/bind-time", False),
+        (["[ab].io/x"], "b.io/x", True),
+        (["[ab].io/x"], "c.io/x", False),
+        (["?.io/x", "hami.io/vgpu-node"], "a.io/x", True),
+        (["hami.io/vgpu-node"], "hami.io/vgpu-node-extra", False),
+        ([], "hami.io/vgpu-node", False),
+    ],
+)
+def test_reserved_annotations_match_as_globs(patterns: list[str], key: str, reserved: bool) -> None:
+    text = yaml.safe_dump(
+        {"apiVersion": API_VERSION, "kind": KIND, "spec": {"reservedAnnotations": patterns}}
+    )
+    assert parse_policy(text).is_reserved_annotation(key) is reserved

@@ -241,8 +241,10 @@ def decide(
     _apply_actions(decision, findings, capped, policy)
     if mutable:
         for request_ in subject.requests.containers:
-            decision.warnings.extend(_shorten(note) for note in request_.notes)
-        decision.warnings.extend(_shorten(note) for note in examined.notes)
+            if request_.notes:
+                decision.warnings.extend(_shorten(note) for note in request_.notes)
+        if examined.notes:
+            decision.warnings.extend(_shorten(note) for note in examined.notes)
     if not decision.allowed:
         decision.patch = []
     return decision

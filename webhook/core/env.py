@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from webhook.core.workload import MAPPINGS
+
 
 def env_value(entry: Mapping[str, Any]) -> str | None:
     """An env entry's literal value; None when it comes from valueFrom."""
@@ -22,7 +24,7 @@ def effective_env(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
     return {
         entry["name"]: entry
         for entry in env
-        if isinstance(entry, (dict, Mapping)) and isinstance(entry.get("name"), str)
+        if isinstance(entry, MAPPINGS) and isinstance(entry.get("name"), str)
     }
 
 

@@ -43,6 +43,8 @@ class Injection:
 
 
 NOTHING: Final = Injection()
+_VGPU_READ_ONLY: Final = frozenset({VOLUME_LIBRARY, VOLUME_PRELOAD})
+_MPS_READ_ONLY: Final = frozenset({VOLUME_MPS_PIPE})
 
 
 def injection_for(mode: Mode, policy: Policy) -> Injection:
@@ -75,7 +77,7 @@ def injection_for(mode: Mode, policy: Policy) -> Injection:
         return Injection(
             volumes=tuple(volumes),
             mounts=tuple(mounts),
-            read_only_volumes=frozenset({VOLUME_LIBRARY, VOLUME_PRELOAD}),
+            read_only_volumes=_VGPU_READ_ONLY,
         )
     if mode == "mps":
         return Injection(
@@ -90,7 +92,7 @@ def injection_for(mode: Mode, policy: Policy) -> Injection:
             mounts=(
                 {"name": VOLUME_MPS_PIPE, "mountPath": policy.mps_pipe_directory, "readOnly": True},
             ),
-            read_only_volumes=frozenset({VOLUME_MPS_PIPE}),
+            read_only_volumes=_MPS_READ_ONLY,
         )
     return NOTHING
 

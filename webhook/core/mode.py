@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -62,26 +62,34 @@ def named_mode(
     return None
 
 
-def _container_conflicts(requests: PodRequests, mode: Mode, source: str) -> Iterator[Finding]:
-    """Containers whose resources the pod's mode cannot satisfy."""
+def _container_conflicts(
+    requests: PodRequests, mode: Mode, source: str, findings: list[Finding]
+) -> None:
+    """Containers whose resources the pod's mode cannot satisfy, into ``findings``."""
     for request in requests.containers:
         if request.mig and request.shares:
-            yield Finding(
-                "mode-conflict",
-                f"{request.label}: MIG and shared-GPU resources in one container; keep one",
+            findings.append(
+                Finding(
+                    "mode-conflict",
+                    f"{request.label}: MIG and shared-GPU resources in one container; keep one",
+                )
             )
         elif request.mig and mode != "mig":
-            yield Finding(
-                "mode-conflict", f"{request.label}: asks for MIG but the pod's mode is {mode}"
+            findings.append(
+                Finding(
+                    "mode-conflict", f"{request.label}: asks for MIG but the pod's mode is {mode}"
+                )
             )
         elif request.shares and mode == "mig":
-            yield Finding(
-                "mode-conflict",
-                f"{request.label}: shared-GPU resources in a MIG pod; ask for nvidia.com/mig-*",
+            findings.append(
+                Finding(
+                    "mode-conflict",
+                    f"{request.label}: shared-GPU resources in a MIG pod; ask for nvidia.com/mig-*",
+                )
             )
         elif request.shares and mode == "none" and source != "policy default":
-            yield Finding(
-                "mode-conflict", f"{request.label}: GPU resources but mode none ({source})"
+            findings.append(
+                Finding("mode-conflict", f"{request.label}: GPU resources but mode none ({source})")
             )
 
 
@@ -93,25 +101,31 @@ def _placement_conflicts(
     node_selector: Mapping[str, Any],
     namespace: str,
     policy: Policy,
-) -> Iterator[Finding]:
-    """Node selectors that mean another mode, and a mode the namespace may not use."""
+    findings: list[Finding],
+) -> None:
+    """Node selectors that mean another mode, and a mode the namespace may not use,
+    into ``findings``."""
     for s in selected:
         if s.mode != mode:
-            yield Finding(
-                "mode-conflict",
-                f"nodeSelector {s.key}={s.value} means {s.mode} but the mode is {mode} ({source})",
+            findings.append(
+                Finding(
+                    "mode-conflict",
+                    f"nodeSelector {s.key}={s.value} means {s.mode} but the mode is {mode} ({source})",
+                )
             )
     if mode == "mps":
         for key, wanted in policy.mps_node_selector.items():
             have = node_selector.get(key)
             if have is not None and str(have) != wanted:
-                yield Finding(
-                    "mode-conflict",
-                    f'nodeSelector {key}={quoted(have)} but MPS pods need "{wanted}"',
+                findings.append(
+                    Finding(
+                        "mode-conflict",
+                        f'nodeSelector {key}={quoted(have)} but MPS pods need "{wanted}"',
+                    )
                 )
     if mode != "none" and not policy.mode_allowed(mode, namespace):
-        yield Finding(
-            "mode-conflict", f'namespace "{namespace}" may not use mode {mode} ({source})'
+        findings.append(
+            Finding("mode-conflict", f'namespace "{namespace}" may not use mode {mode} ({source})')
         )
 
 
@@ -141,15 +155,15 @@ def choose_mode(
                 chosen = candidate, f"namespace {namespace}"  # type: ignore[assignment]
                 break
     mode, source = chosen if chosen is not None else (policy.default_mode, "policy default")
-    findings.extend(_container_conflicts(requests, mode, source))
-    findings.extend(
-        _placement_conflicts(
-            mode=mode,
-            source=source,
-            selected=selected,
-            node_selector=node_selector,
-            namespace=namespace,
-            policy=policy,
-        )
+    # Appended to the list rather than yielded: generators cost more than the checks.
+    _container_conflicts(requests, mode, source, findings)
+    _placement_conflicts(
+        mode=mode,
+        source=source,
+        selected=selected,
+        node_selector=node_selector,
+        namespace=namespace,
+        policy=policy,
+        findings=findings,
     )
     return ModeChoice(mode=mode, source=source, findings=findings)

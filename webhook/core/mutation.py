@@ -30,7 +30,7 @@ from webhook.core.injection import (
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
 from webhook.core.resources import ContainerRequest, PodRequests, describe
 from webhook.core.wire import PatchOp
-from webhook.core.workload import PodView, as_mapping
+from webhook.core.workload import MAPPINGS, PodView, as_mapping
 
 # HAMi-core's task priority when CUDA_TASK_PRIORITY is unset.
 _DEFAULT_PRIORITY: Final = 1
@@ -47,18 +47,18 @@ class Patch:
     whether anything is missing): a plain call per op, cheaper than generators.
     """
 
-    __slots__ = ("_first_only", "ops", "overwritten")
+    __slots__ = ("add", "ops", "overwritten")
 
     def __init__(self, *, first_only: bool = False) -> None:
         self.ops: list[PatchOp] = []
         # User values the mutation overwrote; reported under limit-tampering as warnings.
         self.overwritten: list[str] = []
-        self._first_only = first_only
+        # Adds an op. Without first_only, the list's own append: no Python frame per op.
+        self.add: Callable[[PatchOp], None] = self._add_first if first_only else self.ops.append
 
-    def add(self, op: PatchOp) -> None:
+    def _add_first(self, op: PatchOp) -> None:
         self.ops.append(op)
-        if self._first_only:
-            raise _Enough
+        raise _Enough
 
 
 def escape(segment: str) -> str:
@@ -79,35 +79,40 @@ class Want:
     keep: tuple[str, ...] = ()
 
 
+# The wants that depend on the policy alone, built once: a Want is never changed.
+_PRELOAD: Final = Want("LD_PRELOAD", LIBRARY_PATH, prepend=True, report=False)
+# Pinned in the pod's env, which wins over envFrom and the image's ENV: neither can
+# then loosen the switches HAMi-core reads. A user's force is stricter than any policy
+# value (HAMi-core compares the exact spellings).
+_UTILIZATION: Final = {
+    value: Want("GPU_CORE_UTILIZATION_POLICY", value, keep=("force", "FORCE"))
+    for value in ("default", "force")
+}
+_SWITCHES: Final = (
+    Want("CUDA_REDIRECT", ""),
+    Want("ACTIVE_OOM_KILLER", "true", keep=("true", "1")),
+)
+_HIDDEN: Final = (Want("NVIDIA_VISIBLE_DEVICES", "none", report=False),)
+
+
 def wanted_env(request: ContainerRequest, mode: Mode, policy: Policy) -> list[Want]:
     """The env vars a sharing container must carry in ``mode``."""
     wants: list[Want] = []
     if mode == "vgpu":
         if policy.preload == "env":
-            wants.append(Want("LD_PRELOAD", LIBRARY_PATH, prepend=True, report=False))
+            wants.append(_PRELOAD)
         if request.memory_mib is not None:
-            wants.extend(
-                Want(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", f"{request.memory_mib}m")
-                for i in range(request.gpus)
-            )
+            memory = f"{request.memory_mib}m"
+            for i in range(request.gpus):
+                wants.append(Want(f"CUDA_DEVICE_MEMORY_LIMIT_{i}", memory))
         if request.cores is not None:
-            wants.append(Want("CUDA_DEVICE_SM_LIMIT", str(request.cores)))
+            cores = str(request.cores)
+            wants.append(Want("CUDA_DEVICE_SM_LIMIT", cores))
             # HAMi-core reads CUDA_DEVICE_SM_LIMIT_<i> before CUDA_DEVICE_SM_LIMIT.
-            wants.extend(
-                Want(f"CUDA_DEVICE_SM_LIMIT_{i}", str(request.cores)) for i in range(request.gpus)
-            )
-        # Pinned in the pod's env, which wins over envFrom and the image's ENV: neither
-        # can then loosen the switches HAMi-core reads. A user's force is stricter than
-        # any policy value (HAMi-core compares the exact spellings).
-        wants.append(
-            Want(
-                "GPU_CORE_UTILIZATION_POLICY",
-                policy.core_utilization_policy,
-                keep=("force", "FORCE"),
-            )
-        )
-        wants.append(Want("CUDA_REDIRECT", ""))
-        wants.append(Want("ACTIVE_OOM_KILLER", "true", keep=("true", "1")))
+            for i in range(request.gpus):
+                wants.append(Want(f"CUDA_DEVICE_SM_LIMIT_{i}", cores))
+        wants.append(_UTILIZATION[policy.core_utilization_policy])
+        wants.extend(_SWITCHES)
         wants.append(
             Want(
                 "CUDA_DEVICE_MEMORY_SHARED_CACHE",
@@ -144,6 +149,16 @@ def stray_env(request: ContainerRequest, wanted: set[str], name: str) -> bool:
     )
 
 
+def _strays(request: ContainerRequest, wants: Sequence[Want], names: Iterable[str]) -> set[str]:
+    """The names among ``names`` that :func:`stray_env` removes, given the ``wants``."""
+    # The prefix first: nearly every name fails it, and then no set of wanted names.
+    limits = [name for name in names if name.startswith(VGPU_LIMIT_PREFIXES)]
+    if not limits:
+        return set()
+    wanted = {want.name for want in wants}
+    return {name for name in limits if stray_env(request, wanted, name)}
+
+
 def _merged(want: Want, current: str | None) -> str:
     if current is not None and current in want.keep:
         return current
@@ -160,7 +175,7 @@ def _env_ops(
     wants: Iterable[Want],
     *,
     label: str,
-    strays: Callable[[str], bool] | None,
+    strays: Callable[[Iterable[str]], set[str]] | None,
 ) -> None:
     env = container.get("env")
     if env is None:
@@ -169,18 +184,18 @@ def _env_ops(
         return  # a malformed env is the apiserver's to refuse
     last: dict[str, int] = {}
     for position, entry in enumerate(env):
-        if isinstance(entry, (dict, Mapping)):
+        if isinstance(entry, MAPPINGS):
             name = entry.get("name")
             if isinstance(name, str):
                 last[name] = position
     appends: list[dict[str, str]] = []
     for want in wants:
         index = last.get(want.name)
-        current = env_value(env[index]) if index is not None else None
-        value = _merged(want, current)
         if index is None:
-            appends.append({"name": want.name, "value": value})
+            appends.append({"name": want.name, "value": want.value})
             continue
+        current = env_value(env[index])
+        value = _merged(want, current)
         # The apiserver stores an empty value as no value at all: {"name": N} is N="".
         if current == value and env[index].keys() <= {"name", "value"}:
             continue
@@ -195,12 +210,12 @@ def _env_ops(
             }
         )
     # Each distinct name is judged once; the list is scanned only when one is stray.
-    stray_names = {name for name in last if strays(name)} if strays is not None else ()
+    stray_names = strays(last) if strays is not None else ()
     if stray_names:
         removals = [
             index
             for index, entry in enumerate(env)
-            if isinstance(entry, (dict, Mapping))
+            if isinstance(entry, MAPPINGS)
             and isinstance(name := entry.get("name"), str)
             and name in stray_names
         ]
@@ -213,8 +228,9 @@ def _env_ops(
         if container.get("env") is None:
             out.add({"op": "add", "path": f"{pointer}/env", "value": appends})
         else:
+            end = f"{pointer}/env/-"
             for append in appends:
-                out.add({"op": "add", "path": f"{pointer}/env/-", "value": append})
+                out.add({"op": "add", "path": end, "value": append})
 
 
 def _list_ops(
@@ -237,14 +253,15 @@ def _list_ops(
         return
     # Only string keys can match ours (and a list or map as a key is unhashable).
     where = {
-        item[key]: index
+        name: index
         for index, item in enumerate(current)
-        if isinstance(item, (dict, Mapping)) and isinstance(item.get(key), str)
+        if isinstance(item, MAPPINGS) and isinstance(name := item.get(key), str)
     }
+    end = f"{pointer}/-"
     for item in wanted:
         index = where.get(item[key])
         if index is None:
-            out.add({"op": "add", "path": f"{pointer}/-", "value": item})
+            out.add({"op": "add", "path": end, "value": item})
         elif not same(current[index], item):
             out.overwritten.append(f"{label}: {what} {item[key]} replaced by the injected one")
             out.add({"op": "replace", "path": f"{pointer}/{index}", "value": item})
@@ -281,7 +298,7 @@ def _mps_pod_ops(out: Patch, spec: Mapping[str, Any], sp: str, policy: Policy) -
     if not policy.mps_node_selector:
         return
     selector = spec.get("nodeSelector")
-    if not isinstance(selector, (dict, Mapping)):
+    if not isinstance(selector, MAPPINGS):
         out.add(
             {"op": "add", "path": f"{sp}/nodeSelector", "value": dict(policy.mps_node_selector)}
         )
@@ -298,7 +315,7 @@ def _annotation_ops(out: Patch, view: PodView, mode: Mode) -> None:
         out.add({"op": "add", "path": mp, "value": {"annotations": {MODE_ANNOTATION: mode}}})
         return
     annotations = metadata.get("annotations")
-    if not isinstance(annotations, (dict, Mapping)):
+    if not isinstance(annotations, MAPPINGS):
         out.add({"op": "add", "path": f"{mp}/annotations", "value": {MODE_ANNOTATION: mode}})
     elif annotations.get(MODE_ANNOTATION) != mode:
         op = "replace" if MODE_ANNOTATION in annotations else "add"
@@ -318,7 +335,6 @@ def _container_ops(
     cp = f"{view.spec_pointer}/{request.kind}/{request.index}"
     label = request.label
     wants = wanted_env(request, mode, policy)
-    wanted_names = {w.name for w in wants}
     _env_ops(
         out,
         cp,
@@ -327,7 +343,7 @@ def _container_ops(
         label=label,
         # Only vGPU limits leave strays behind. The partial is positional: a keyword
         # partial costs ~15% of a 20 KB pod's decision.
-        strays=partial(stray_env, request, wanted_names) if mode == "vgpu" else None,
+        strays=partial(_strays, request, wants) if mode == "vgpu" else None,
     )
     _list_ops(
         out,
@@ -344,7 +360,7 @@ def _container_ops(
         resources = as_mapping(container.get("resources"))
         for part in ("limits", "requests"):
             current = resources.get(part)
-            if isinstance(current, (dict, Mapping)) and count not in current:
+            if isinstance(current, MAPPINGS) and count not in current:
                 out.add(
                     {"op": "add", "path": f"{cp}/resources/{part}/{escape(count)}", "value": "1"}
                 )
@@ -357,14 +373,14 @@ def _hidden_device_ops(out: Patch, view: PodView, sharing: set[tuple[str, int]])
         if not isinstance(containers, list):
             continue
         for index, container in enumerate(containers):
-            if (kind, index) in sharing or not isinstance(container, (dict, Mapping)):
+            if (kind, index) in sharing or not isinstance(container, MAPPINGS):
                 continue
             name = container.get("name")
             _env_ops(
                 out,
                 f"{view.spec_pointer}/{kind}/{index}",
                 container,
-                [Want("NVIDIA_VISIBLE_DEVICES", "none", report=False)],
+                _HIDDEN,
                 label=describe(kind, name if isinstance(name, str) else ""),
                 strays=None,
             )

@@ -339,6 +339,8 @@ class Policy:
     # reserved_annotations as one compiled pattern: a glob match per key and pattern
     # (fnmatch) costs microseconds on every request.
     reserved_pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+    # What each of reserved_annotations starts with before its first wildcard.
+    reserved_prefixes: tuple[str, ...] = field(init=False, repr=False, compare=False)
     # With a cluster view: judge env that pods take from ConfigMaps / Secrets.
     config_map_env: bool = False
     secret_env: bool = False
@@ -360,6 +362,11 @@ class Policy:
         )
         globs = [fnmatch.translate(p) for p in self.reserved_annotations] or ["(?!)"]
         object.__setattr__(self, "reserved_pattern", re.compile("|".join(globs)))
+        object.__setattr__(
+            self,
+            "reserved_prefixes",
+            tuple(re.split(r"[*?\[]", p, maxsplit=1)[0] for p in self.reserved_annotations),
+        )
 
     def action(self, rule: str) -> Action:
         return self.actions[rule]
@@ -374,6 +381,15 @@ class Policy:
         fallback = self.mode_schedulers.get(mode, self.scheduler_name)
         if not self.resource_schedulers:
             return fallback
+        # A slice no scheduler is listed for settles it (it always says whose GPUs
+        # it asks for): the common case, answered without the per-container sets.
+        for request in requests.containers:
+            for resource in request.sharing_resources:
+                if (
+                    resource not in self.resource_schedulers
+                    and resource not in self.count_resources
+                ):
+                    return fallback
         found = {
             self.resource_schedulers.get(resource)
             for request in requests.containers
@@ -400,7 +416,10 @@ class Policy:
         return match_any(namespace, self.allowed_namespaces.get(mode, ()))
 
     def is_reserved_annotation(self, key: str) -> bool:
-        return self.reserved_pattern.match(key) is not None
+        # The literal prefixes turn nearly every key away before the pattern runs.
+        return (
+            key.startswith(self.reserved_prefixes) and self.reserved_pattern.match(key) is not None
+        )
 
 
 def match_any(value: str, patterns: Iterable[str]) -> bool:

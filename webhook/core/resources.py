@@ -15,7 +15,7 @@ from typing import Any, Final, Literal
 from webhook.core import quantity
 from webhook.core.finding import Finding, quoted
 from webhook.core.policy import Policy
-from webhook.core.workload import as_mapping
+from webhook.core.workload import MAPPINGS, as_mapping
 
 ContainerKind = Literal["containers", "initContainers", "ephemeralContainers"]
 CONTAINER_KINDS: Final[tuple[ContainerKind, ...]] = (
@@ -83,24 +83,38 @@ class PodRequests:
     def gpu(self) -> bool:
         return bool(self.containers)
 
+    # Loops rather than any() over a generator (SIM110): a generator costs more than
+    # the check, and this is asked several times per decision.
     @property
     def sharing(self) -> bool:
-        return any(c.shares for c in self.containers)
+        for container in self.containers:  # noqa: SIM110
+            if container.sharing_resources:
+                return True
+        return False
 
     @property
     def mig(self) -> bool:
-        return any(c.mig for c in self.containers)
+        for container in self.containers:  # noqa: SIM110
+            if container.mig:
+                return True
+        return False
 
 
 def _integer(
-    raw: Any, *, resource: str, label: str, unit: Literal["count", "MiB", "GiB", "percent"]
+    raw: Any,
+    *,
+    resource: str,
+    request: ContainerRequest,
+    unit: Literal["count", "MiB", "GiB", "percent"],
 ) -> tuple[int | None, Finding | None]:
-    """Parse one quantity to an int under the unit contract of ``resource``."""
+    """Parse one quantity of ``request`` to an int under the unit contract of ``resource``."""
     # Fast path for what nearly every request holds: a plain integer within range.
     if type(raw) is int or (type(raw) is str and len(raw) < 10 and raw.isdigit() and raw.isascii()):
         low, high = _RANGES[unit]
-        if low <= int(raw) <= high:
-            return int(raw), None
+        number = int(raw)
+        if low <= number <= high:
+            return number, None
+    label = request.label
     text = str(raw).strip() if isinstance(raw, int | float | str) else None
     parsed = quantity.parse(text) if text is not None and not isinstance(raw, bool) else None
     if text is None or parsed is None:
@@ -159,12 +173,11 @@ def _raw_value(
     request: ContainerRequest,
 ) -> Any:
     """The value of ``resource`` (its limit), with findings when requests and limits disagree."""
-    label = request.label
     if resource not in limits:
         request.problems.append(
             Finding(
                 "invalid-gpu-request",
-                f"{label}: {resource} is in requests but not limits; set it in limits",
+                f"{request.label}: {resource} is in requests but not limits; set it in limits",
             )
         )
         return requests[resource]
@@ -173,7 +186,7 @@ def _raw_value(
         request.problems.append(
             Finding(
                 "invalid-gpu-request",
-                f"{label}: {resource} request {quoted(requests[resource])} differs from "
+                f"{request.label}: {resource} request {quoted(requests[resource])} differs from "
                 f"limit {quoted(raw)}; make them equal",
             )
         )
@@ -182,25 +195,24 @@ def _raw_value(
 
 def _read_sharing(resource: str, raw: Any, request: ContainerRequest, policy: Policy) -> None:
     """One slice resource (count, memory, percentage, cores, priority) into ``request``."""
-    label = request.label
     problem: Finding | None
     if resource in policy.count_resources:
-        count, problem = _integer(raw, resource=resource, label=label, unit="count")
+        count, problem = _integer(raw, resource=resource, request=request, unit="count")
         request.gpus = count or 1
     elif resource in policy.memory_mib_resources:
-        value, problem = _integer(raw, resource=resource, label=label, unit="MiB")
+        value, problem = _integer(raw, resource=resource, request=request, unit="MiB")
         if value is not None:
             request.memory_mib = value
     elif resource in policy.memory_gib_resources:
-        value, problem = _integer(raw, resource=resource, label=label, unit="GiB")
+        value, problem = _integer(raw, resource=resource, request=request, unit="GiB")
         if value is not None:
             request.memory_mib = value * 1024
     elif resource in policy.memory_percentage_resources:
         request.memory_percentage, problem = _integer(
-            raw, resource=resource, label=label, unit="percent"
+            raw, resource=resource, request=request, unit="percent"
         )
     elif resource in policy.cores_resources:
-        request.cores, problem = _integer(raw, resource=resource, label=label, unit="percent")
+        request.cores, problem = _integer(raw, resource=resource, request=request, unit="percent")
     else:  # priority
         text = str(raw).strip()
         problem = None
@@ -209,7 +221,7 @@ def _read_sharing(resource: str, raw: Any, request: ContainerRequest, policy: Po
         else:
             problem = Finding(
                 "invalid-gpu-request",
-                f"{label}: {resource} {quoted(raw)} must be an integer priority",
+                f"{request.label}: {resource} {quoted(raw)} must be an integer priority",
             )
     if problem:
         request.problems.append(problem)
@@ -222,9 +234,14 @@ def read_container(
     resources = as_mapping(container.get("resources"))
     limits = as_mapping(resources.get("limits"))
     requests = as_mapping(resources.get("requests"))
-    is_gpu = policy.is_gpu_resource
-    names = [n for n in limits if isinstance(n, str) and is_gpu(n)]
-    names += [n for n in requests if isinstance(n, str) and is_gpu(n) and n not in limits]
+    # Policy.is_gpu_resource inlined: this runs on every resource of every container.
+    gpu, mig = policy.gpu_resources, policy.mig_prefixes
+    names = [n for n in limits if isinstance(n, str) and (n in gpu or n.startswith(mig))]
+    names += [
+        n
+        for n in requests
+        if isinstance(n, str) and (n in gpu or n.startswith(mig)) and n not in limits
+    ]
     if not names:
         return None
     name = container.get("name")
@@ -234,28 +251,28 @@ def read_container(
         name=name if isinstance(name, str) else "",
         sidecar=kind == "initContainers" and container.get("restartPolicy") == "Always",
     )
-    label = request.label
     for resource in names:
         raw = _raw_value(resource, limits, requests, request)
-        if resource.startswith(policy.mig_prefixes):
-            count, problem = _integer(raw, resource=resource, label=label, unit="count")
+        if resource.startswith(mig):
+            count, problem = _integer(raw, resource=resource, request=request, unit="count")
             if problem:
                 request.problems.append(problem)
             request.mig[resource] = count or 1
         else:
             request.sharing_resources.append(resource)
             _read_sharing(resource, raw, request, policy)
-    memory_names = sorted(n for n in request.sharing_resources if n in policy.memory_resources)
+    memory_names = [n for n in request.sharing_resources if n in policy.memory_resources]
     if len(memory_names) > 1:
         request.problems.append(
             Finding(
                 "invalid-gpu-request",
-                f"{label}: asks for memory twice ({', '.join(memory_names)}); keep one",
+                f"{request.label}: asks for memory twice ({', '.join(sorted(memory_names))}); "
+                "keep one",
             )
         )
     if request.memory_mib is not None and request.memory_percentage is not None:
         request.memory_percentage = None
-        request.notes.append(f"{label}: memory in MiB and percent both set; MiB wins")
+        request.notes.append(f"{request.label}: memory in MiB and percent both set; MiB wins")
     if request.sharing_resources and request.gpus == 0:
         request.gpus = 1
         request.implied_count_resource = _implied_count_resource(request.sharing_resources, policy)
@@ -280,7 +297,7 @@ def read_pod(spec: Mapping[str, Any], policy: Policy) -> PodRequests:
         if not isinstance(containers, list):
             continue
         for index, container in enumerate(containers):
-            if not isinstance(container, (dict, Mapping)):
+            if not isinstance(container, MAPPINGS):
                 continue
             request = read_container(container, kind=kind, index=index, policy=policy)
             if request is not None:

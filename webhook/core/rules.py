@@ -5,7 +5,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
 
 from webhook.core.env import effective_env, env_value, opaque
@@ -19,7 +19,7 @@ from webhook.core.resources import (
     PodRequests,
     describe,
 )
-from webhook.core.workload import PodView, as_mapping
+from webhook.core.workload import MAPPINGS, PodView, as_mapping
 
 Phase = Literal["mutate", "validate"]
 
@@ -30,6 +30,8 @@ _FALSY: Final = frozenset({"0", "false"})
 _SWITCHES: Final = frozenset(
     {"CUDA_DISABLE_CONTROL", "GPU_CORE_UTILIZATION_POLICY", "CUDA_REDIRECT", "ACTIVE_OOM_KILLER"}
 )
+_JUDGED_ENV: Final = frozenset({"NVIDIA_VISIBLE_DEVICES"})
+_GPU_JUDGED_ENV: Final = _JUDGED_ENV | _SWITCHES
 # A percent as ASCII digits: str.isdigit() takes "\u00b2", and int() then raises.
 _PERCENT: Final = re.compile(r"[0-9]{1,9}")
 # Mounting any of these from the host hands out GPUs behind the scheduler's back
@@ -87,11 +89,11 @@ class Subject:
     allocator: bool = False
     # On an UPDATE of a pod: the annotations before it.
     previous: Mapping[str, Any] | None = None
+    # A new pod, or a template (whose pods will all be created). Set once: most rules ask.
+    created: bool = field(init=False)
 
-    @property
-    def created(self) -> bool:
-        """A new pod, or a template (whose pods will all be created)."""
-        return self.view.template or self.operation == "CREATE"
+    def __post_init__(self) -> None:
+        self.created = self.view.template or self.operation == "CREATE"
 
 
 def node_name_pinning(subject: Subject) -> Iterator[Finding]:
@@ -164,10 +166,12 @@ def _host_path_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     allowlist = policy.host_path_mode == "allowlist" and subject.requests.gpu
     written: set[str] | None = None  # found at the first configuration path
     for volume in volumes:
-        if not isinstance(volume, (dict, Mapping)):
+        if not isinstance(volume, MAPPINGS):
             continue
         host = volume.get("hostPath")
-        if not isinstance(host, (dict, Mapping)):
+        # None first: most volumes have no hostPath, and isinstance(None, Mapping) goes
+        # through ABCMeta.__instancecheck__.
+        if host is None or not isinstance(host, MAPPINGS):
             continue
         raw = host.get("path")
         if not isinstance(raw, str) or subject.injection.allows(volume):
@@ -230,27 +234,13 @@ def variable_findings(
             yield Finding("limit-tampering", f"{label}: {name}{shown}{source} {why}; remove it")
 
 
-def _env_findings(
-    kind: ContainerKind, container: Mapping[str, Any], env: list[Any], *, gpu: bool, policy: Policy
-) -> Iterator[Finding]:
-    # Every entry counts, not only the last: runtimes differ on which duplicate wins.
-    for entry in env:
-        if not isinstance(entry, (dict, Mapping)):
-            continue
-        name = entry.get("name")
-        if name == "NVIDIA_VISIBLE_DEVICES" or (
-            gpu and isinstance(name, str) and name in _SWITCHES
-        ):
-            yield from variable_findings(
-                _label(kind, container), name, env_value(entry), gpu=gpu, policy=policy
-            )
-
-
 def _mount_findings(
     kind: ContainerKind, container: Mapping[str, Any], mounts: list[Any], read_only: frozenset[str]
-) -> Iterator[Finding]:
+) -> list[Finding]:
+    # A list, not a generator: it runs for every container and nearly always finds nothing.
+    found: list[Finding] = []
     for mount in mounts:
-        if not isinstance(mount, (dict, Mapping)):
+        if not isinstance(mount, MAPPINGS):
             continue
         target = mount.get("mountPath")
         # normpath never creates a component, so the name must be there as written.
@@ -259,19 +249,24 @@ def _mount_findings(
             and "nvidia-container-devices" in target
             and _within(normalised(target), _DEVICE_REQUEST_DIRS)
         ):
-            yield Finding(
-                "host-device-access",
-                f"{_label(kind, container)}: a mount at {target} asks the NVIDIA runtime for "
-                "devices; request GPUs in limits",
+            found.append(
+                Finding(
+                    "host-device-access",
+                    f"{_label(kind, container)}: a mount at {target} asks the NVIDIA runtime for "
+                    "devices; request GPUs in limits",
+                )
             )
         name = mount.get("name")
         # A list or map as a name is unhashable; only a string can name our volume.
         if isinstance(name, str) and name in read_only and mount.get("readOnly") is not True:
-            yield Finding(
-                "host-device-access",
-                f'{_label(kind, container)}: volume "{name}" is shared with every GPU pod on the '
-                "node; mount it readOnly",
+            found.append(
+                Finding(
+                    "host-device-access",
+                    f'{_label(kind, container)}: volume "{name}" is shared with every GPU pod '
+                    "on the node; mount it readOnly",
+                )
             )
+    return found
 
 
 def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
@@ -279,6 +274,8 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     init container and ephemeral container: privileged-gpu, raw-visible-devices,
     limit-tampering's switches and host-device-access's mounts."""
     gpu = subject.requests.gpu
+    # The env names variable_findings judges: one set lookup per entry.
+    judged = _GPU_JUDGED_ENV if gpu else _JUDGED_ENV
     read_only = subject.injection.read_only_volumes
     spec = subject.view.spec
     for kind in CONTAINER_KINDS:
@@ -286,7 +283,7 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
         if not isinstance(containers, list):
             continue
         for container in containers:
-            if not isinstance(container, (dict, Mapping)):
+            if not isinstance(container, MAPPINGS):
                 continue
             if gpu and as_mapping(container.get("securityContext")).get("privileged") is True:
                 yield Finding(
@@ -295,8 +292,14 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                     "remove securityContext.privileged",
                 )
             env = container.get("env")
-            if isinstance(env, list):
-                yield from _env_findings(kind, container, env, gpu=gpu, policy=policy)
+            # Every entry counts, not only the last: runtimes differ on which duplicate wins.
+            for entry in env if isinstance(env, list) else ():
+                if isinstance(entry, MAPPINGS):
+                    name = entry.get("name")
+                    if isinstance(name, str) and name in judged:
+                        yield from variable_findings(
+                            _label(kind, container), name, env_value(entry), gpu=gpu, policy=policy
+                        )
             mounts = container.get("volumeMounts")
             if isinstance(mounts, list):
                 yield from _mount_findings(kind, container, mounts, read_only)
@@ -430,24 +433,31 @@ def pod_totals(requests: PodRequests) -> Totals:
     Main containers and sidecars (restartPolicy Always init containers) run together;
     a plain init container runs alone, beside the sidecars declared before it.
     """
-    main = [0, 0, 0]
-    sidecars = [0, 0, 0]
-    init_peak = [0, 0, 0]
+    # Scalars rather than per-container tuples: this runs on every GPU pod.
+    main_gpus = main_memory = main_cores = 0
+    side_gpus = side_memory = side_cores = 0
+    init_gpus = init_memory = init_cores = 0
     for request in requests.containers:
-        need = (
-            _gpus(request),
-            (request.memory_mib or 0) * request.gpus,
-            (request.cores or 0) * request.gpus,
-        )
+        gpus = _gpus(request)
+        memory = (request.memory_mib or 0) * request.gpus
+        cores = (request.cores or 0) * request.gpus
         if request.kind == "containers":
-            main = [a + b for a, b in zip(main, need, strict=True)]
+            main_gpus += gpus
+            main_memory += memory
+            main_cores += cores
         elif request.kind == "initContainers" and request.sidecar:
-            sidecars = [a + b for a, b in zip(sidecars, need, strict=True)]
+            side_gpus += gpus
+            side_memory += memory
+            side_cores += cores
         elif request.kind == "initContainers":
-            init_peak = [
-                max(peak, n + s) for peak, n, s in zip(init_peak, need, sidecars, strict=True)
-            ]
-    return Totals(*(max(m + s, i) for m, s, i in zip(main, sidecars, init_peak, strict=True)))
+            init_gpus = max(init_gpus, gpus + side_gpus)
+            init_memory = max(init_memory, memory + side_memory)
+            init_cores = max(init_cores, cores + side_cores)
+    return Totals(
+        max(main_gpus + side_gpus, init_gpus),
+        max(main_memory + side_memory, init_memory),
+        max(main_cores + side_cores, init_cores),
+    )
 
 
 def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:

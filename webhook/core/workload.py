@@ -20,6 +20,8 @@ TEMPLATE_PATHS: Final[Mapping[str, tuple[str, ...]]] = {
 
 
 _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
+# For isinstance checks of admitted values: one tuple, not one built per check.
+MAPPINGS: Final = (dict, Mapping)
 
 
 def is_inspected(kind: str) -> bool:
@@ -56,11 +58,11 @@ def find_pod(obj: Mapping[str, Any], kind: str) -> PodView | None:
     if kind == "Pod":
         spec = obj.get("spec")
         metadata = obj.get("metadata")
-        if not isinstance(spec, (dict, Mapping)):
+        if not isinstance(spec, MAPPINGS):
             return None
         return PodView(
             spec=spec,
-            metadata=metadata if isinstance(metadata, (dict, Mapping)) else None,
+            metadata=metadata if isinstance(metadata, MAPPINGS) else None,
             spec_pointer="/spec",
             metadata_pointer="/metadata",
             template=False,
@@ -70,17 +72,17 @@ def find_pod(obj: Mapping[str, Any], kind: str) -> PodView | None:
         return None
     node: Any = obj
     for part in path:
-        node = node.get(part) if isinstance(node, (dict, Mapping)) else None
-    if not isinstance(node, (dict, Mapping)):
+        node = node.get(part) if isinstance(node, MAPPINGS) else None
+    if not isinstance(node, MAPPINGS):
         return None
     spec = node.get("spec")
-    if not isinstance(spec, (dict, Mapping)):
+    if not isinstance(spec, MAPPINGS):
         return None
     metadata = node.get("metadata")
     base = "/" + "/".join(path)
     return PodView(
         spec=spec,
-        metadata=metadata if isinstance(metadata, (dict, Mapping)) else None,
+        metadata=metadata if isinstance(metadata, MAPPINGS) else None,
         spec_pointer=base + "/spec",
         metadata_pointer=base + "/metadata",
         template=True,
