@@ -42,7 +42,9 @@ def _time_creates(core: Any, pod: dict[str, Any], count: int) -> list[float]:
         started = time.perf_counter()
         # The raw answer: the client's model deserialisation (milliseconds for a mutated
         # pod, which has more fields) is not the apiserver's or the webhook's time.
-        core.create_namespaced_pod("bench", pod, dry_run="All", _preload_content=False).data
+        answer = core.create_namespaced_pod("bench", pod, dry_run="All", _preload_content=False)
+        if not answer.data:
+            raise RuntimeError("the apiserver answered a create with no body")
         samples.append((time.perf_counter() - started) * 1000)
     return samples
 
