@@ -235,3 +235,26 @@ def stored_pod(api: Api, namespace: str, name: str, base: str) -> Obj:
         assert written.status == 200, written.body
         stored = written.body
     return stored
+
+
+def idle_webhook(name: str, *, label: str, resource: str, **extra: Any) -> Obj:
+    """A webhook registration the apiserver never calls: it matches no namespace (none
+    carries ``label: never``), for tests of what writes the configurations themselves."""
+    return {
+        "name": name,
+        "admissionReviewVersions": ["v1"],
+        "sideEffects": "None",
+        "failurePolicy": "Ignore",
+        "timeoutSeconds": 1,
+        "namespaceSelector": {"matchLabels": {label: "never"}},
+        "clientConfig": {"url": "https://127.0.0.1:9/never"},
+        "rules": [
+            {
+                "apiGroups": [""],
+                "apiVersions": ["v1"],
+                "resources": [resource],
+                "operations": ["CREATE"],
+            }
+        ],
+        **extra,
+    }

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import serving
+from tests.e2e.rest import idle_webhook
 from webhook.certs.lease import read_json
 from webhook.core.policy import Policy
 from webhook.dev.cluster import DevCluster
@@ -53,25 +54,12 @@ def changed_policy() -> Policy:
 
 
 def hook(name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": "Ignore",
-        "timeoutSeconds": 1,
-        # Matches no namespace, so the apiserver never calls the URL below.
-        "namespaceSelector": {"matchLabels": {"e2e.gpushare.io/scope": "never"}},
-        "clientConfig": {"url": "https://127.0.0.1:9/never"},
-        "matchConditions": [dict(c) for c in match_conditions(DEFAULT_POLICY)],
-        "rules": [
-            {
-                "apiGroups": [""],
-                "apiVersions": ["v1"],
-                "resources": ["pods"],
-                "operations": ["CREATE"],
-            }
-        ],
-    }
+    return idle_webhook(
+        name,
+        label="e2e.gpushare.io/scope",
+        resource="pods",
+        matchConditions=[dict(c) for c in match_conditions(DEFAULT_POLICY)],
+    )
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ from cryptography.x509 import DNSName
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from tests.e2e import serving
+from tests.e2e.rest import idle_webhook
 from webhook.certs.lease import read_json
 from webhook.certs.material import CertificateError
 from webhook.certs.rotation import (
@@ -63,24 +64,7 @@ class FakeClock:
 
 
 def webhook(name: str) -> dict[str, Any]:
-    return {
-        "name": name,
-        "admissionReviewVersions": ["v1"],
-        "sideEffects": "None",
-        "failurePolicy": "Ignore",
-        "timeoutSeconds": 1,
-        # Matches no namespace, so the apiserver never calls the URL below.
-        "namespaceSelector": {"matchLabels": {"e2e.gpushare.io/rotation": "never"}},
-        "clientConfig": {"url": "https://127.0.0.1:9/never"},
-        "rules": [
-            {
-                "apiGroups": [""],
-                "apiVersions": ["v1"],
-                "resources": ["configmaps"],
-                "operations": ["CREATE"],
-            }
-        ],
-    }
+    return idle_webhook(name, label="e2e.gpushare.io/rotation", resource="configmaps")
 
 
 @pytest.fixture
