@@ -18,6 +18,7 @@ from webhook.cli import main
 from webhook.core.policy import RULE_IDS
 from webhook.install import celpolicy, manifests
 from webhook.install.celpolicy import RULES, glob_regex, validating_policies
+from webhook.install.scope import match_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
 
 CUSTOM = parse_policy(
@@ -97,12 +98,16 @@ def test_one_policy_and_binding_per_action_holding_its_rules() -> None:
     assert list(validations_by_rule(policies["gpushare-deny"])) == list(RULES)
     expressions = celpolicy.rule_expressions(DEFAULT_POLICY)
     for rule, validation in validations_by_rule(policies["gpushare-deny"]).items():
-        assert validation["expression"] == expressions[rule]
+        # Each rule is skipped outside the webhooks' scope (one variable, evaluated once).
+        assert validation["expression"] == f"!variables.relevant || ({expressions[rule]})"
         assert validation["message"] == f"[{rule}] {celpolicy.MESSAGES[rule]}"
         assert validation["reason"] == "Forbidden"
     assert [v["name"] for v in spec["variables"]] == [
-        v["name"] for v in celpolicy.variables(DEFAULT_POLICY)
+        "relevant",
+        *(v["name"] for v in celpolicy.variables(DEFAULT_POLICY)),
     ]
+    scope = [c["expression"] for c in match_conditions(DEFAULT_POLICY)]
+    assert spec["variables"][0]["expression"] == " && ".join(f"({c})" for c in scope)
     binding = bindings["gpushare-deny"]["spec"]
     assert binding["policyName"] == "gpushare-deny"
     assert binding["validationActions"] == ["Deny"]
