@@ -11,6 +11,10 @@ an aiohttp load generator otherwise.
   runs alternate in rounds so that other work on the machine hits all of them alike;
   medians of the rounds are printed, with the server's CPU time per request, which
   noise on a shared machine moves far less than req/s.
+- Ours is what the image runs: the wheel with the decision core compiled by mypyc
+  (hack/build-native builds and caches it, about a minute after an edit); the same
+  scenarios run against this checkout's source (``make run``) in the same rounds, with
+  compiled / source ratios. ``--source`` skips the build and measures the source as ours.
 - (a) and (b) against a bare aiohttp HTTPS handler on core 0 in the same rounds (this
   script's ``bare`` command: same certificates and TLS settings, reads the body,
   answers fixed bytes), and the ratios ours / bare.
@@ -384,22 +388,40 @@ def vm_kib(pid: int, field: str) -> int:
     return int(value)
 
 
-def server_env(python: str | None) -> dict[str, str]:
-    """The environment of a server: this checkout first on the path for this interpreter
-    (``python`` None); none of ours for another one, which imports what it has installed."""
+def server_env(python: str | None, site: Path | None = None) -> dict[str, str]:
+    """The environment of a server: for this interpreter (``python`` None) ``site`` first
+    on the path (the compiled build, :func:`native_site`), else this checkout's source;
+    none of ours for another interpreter, which imports what it has installed."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME")}
     if python is None:
-        env["PYTHONPATH"] = str(ROOT)
+        env["PYTHONPATH"] = str(site or ROOT)
     return env
 
 
-def webhook_origin(python: str | None, cwd: Path) -> Path:
+def native_site() -> Path:
+    """The wheel the image installs (the core compiled with mypyc), built and unpacked by
+    hack/build-native (cached; about a minute when the sources changed)."""
+    print("compiled core: hack/build-native", flush=True)
+    result = subprocess.run(
+        [str(ROOT / "hack" / "build-native")],
+        env={**os.environ, "PYTHON": sys.executable},
+        stdout=subprocess.PIPE,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    if result.returncode != 0 or not result.stdout.strip():
+        raise SystemExit("hack/build-native failed (see above); --source measures the source only")
+    return Path(result.stdout.strip().splitlines()[-1])
+
+
+def webhook_origin(python: str | None, cwd: Path, site: Path | None = None) -> Path:
     """The directory of the ``webhook`` package that ``python`` imports, started in ``cwd``
     with :func:`server_env` as a server is."""
     result = subprocess.run(
         [python or sys.executable, "-c", "import webhook; print(webhook.__file__)"],
         cwd=cwd,
-        env=server_env(python),
+        env=server_env(python, site),
         capture_output=True,
         text=True,
         timeout=60,
@@ -437,6 +459,7 @@ class Server:
         cpus: str | None,
         workers: int = 1,
         python: str | None = None,
+        site: Path | None = None,
     ) -> None:
         self.workdir = workdir
         self.workers = workers
@@ -449,7 +472,7 @@ class Server:
             self.process = spawn(
                 [*pinned(cpus), *self.argv()],
                 cwd=workdir,
-                env=server_env(python),
+                env=server_env(python, site),
                 stdout=subprocess.DEVNULL,
                 stderr=err,
             )
@@ -965,7 +988,7 @@ def interruptible() -> Iterator[None]:
 class Entry:
     """One closed-loop run of every round: ``server`` under ``scenario``."""
 
-    variant: str  # "ours" (this checkout), "baseline", "bare" or "x2" (--workers 2)
+    variant: str  # "ours", "source" (not compiled), "baseline", "bare" or "x2" (--workers 2)
     label: str
     server: Server
     scenario: Scenario
@@ -1068,12 +1091,27 @@ def command_bench(args: argparse.Namespace) -> int:
             result.wait_s = run_queue_seconds(pids) - waited
             return result
 
-        one = Server(workdir, name="w1", cpus=server_cpus)
+        # "ours" is what the image runs: the wheel with the compiled core. The source, as
+        # `make run` serves it, runs beside it unless --source makes it "ours".
+        site = None if args.source else native_site()
+        one = Server(workdir, name="w1", cpus=server_cpus, site=site)
         one.wait_ready()
-        print(f"this checkout: {describe(webhook_origin(None, workdir))}, {sys.executable}")
+        checkout = describe(webhook_origin(None, workdir))
+        if site is None:
+            print(f"this checkout, source: {checkout}, {sys.executable}")
+        else:
+            print(f"this checkout, compiled core (the image's wheel): {site}, {sys.executable}")
         answers = {s.key: one.post(s.path, bodies[s.key]) for s in (a, b, c)}
         for scenario in (a, b, c):
             print(f"  {scenario.title}: {check_answer(scenario, answers[scenario.key])}")
+        source: Server | None = None
+        if site is not None:
+            source = Server(workdir, name="src", cpus=server_cpus)
+            source.wait_ready()
+            print(f"this checkout, source: {checkout}")
+            for scenario in (a, b, c):
+                verdict = check_answer(scenario, source.post(scenario.path, bodies[scenario.key]))
+                print(f"  {scenario.title}: {verdict}")
         base: Server | None = None
         if args.baseline_python:
             origin = webhook_origin(args.baseline_python, workdir)
@@ -1099,7 +1137,7 @@ def command_bench(args: argparse.Namespace) -> int:
         print(f"bare aiohttp handler: reads the body, answers fixed bytes ({sizes})")
         two: Server | None = None
         if not closed_only:
-            two = Server(workdir, name="w2", workers=2, cpus="0,1" if pin else None)
+            two = Server(workdir, name="w2", workers=2, cpus="0,1" if pin else None, site=site)
             two.wait_ready()
 
         # Rounds alternate between every variant of every scenario, compared variants
@@ -1108,6 +1146,9 @@ def command_bench(args: argparse.Namespace) -> int:
         plan: list[Entry] = []
         for scenario in chosen:
             plan.append(Entry("ours", scenario.title, one, scenario, client_cpus))
+            if source is not None:
+                label = f"({scenario.key})   source, not compiled"
+                plan.append(Entry("source", label, source, scenario, client_cpus))
             if base is not None:
                 label = f"({scenario.key})   baseline"
                 plan.append(Entry("baseline", label, base, scenario, client_cpus))
@@ -1157,6 +1198,20 @@ def command_bench(args: argparse.Namespace) -> int:
                 f"  (the bare handler had {summaries['bare', 'b'].cpu_share:.0%} of core 0: the"
                 " load generator, not its core, bounded it, so req/s ratios flatter ours)"
             )
+        if source is not None:
+            print(
+                "\nsource -> compiled core (compiled / source), medians of the rounds' ratios"
+                " (min-max):"
+            )
+            for scenario in chosen:
+                after, before = runs["ours", scenario.key], runs["source", scenario.key]
+                new, old = summaries["ours", scenario.key], summaries["source", scenario.key]
+                print(
+                    f"  {scenario.title:<27} req/s {old.rps:,.0f} -> {new.rps:,.0f} ="
+                    f" {fmt_ratio(paired(after, before, requests_per_s))};"
+                    f" CPU/req {old.cpu_us:.0f} -> {new.cpu_us:.0f} us ="
+                    f" {fmt_ratio(paired(after, before, per_request_us))}"
+                )
         if base is not None:
             print(
                 "\nbaseline -> this checkout (after / before), medians of the rounds' ratios"
@@ -1186,7 +1241,7 @@ def command_bench(args: argparse.Namespace) -> int:
             fixed_ok, fixed_errors = open_loop_and_rss(args, one, two, b, summaries, client_cpus)
             checks += fixed_ok
             errors += fixed_errors
-        for server in (one, base, bare, two):
+        for server in (one, source, base, bare, two):
             if server is not None:
                 server.stop()
         print(f"machine load average at end: {os.getloadavg()[0]:.2f}")
@@ -1313,6 +1368,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--scenarios",
         default="abc",
         help="closed-loop scenarios, of a, b, c; b is always needed (abc)",
+    )
+    parser.add_argument(
+        "--source",
+        action="store_true",
+        help="measure this checkout's source as ours, without building the compiled core"
+        " (hack/build-native) the image runs",
     )
     parser.add_argument(
         "--baseline-python",

@@ -4,7 +4,7 @@
 
 pins, with ``==``, every distribution that the current environment has installed
 for pyproject's ``[project] dependencies`` (runtime.txt) and
-``[build-system] requires`` (build.txt), following their own requirements
+``[build-system] requires`` with the mypyc hook's dependencies (build.txt), following their own requirements
 transitively with markers evaluated for this interpreter (Python 3.11 on Linux,
 as in the image). Upgrade the virtualenv first (``pip install -U -e '.[test]'``)
 to move the pins forward; tests/test_dockerfile.py checks that the result still
@@ -17,6 +17,7 @@ import sys
 import tomllib
 from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
@@ -73,9 +74,16 @@ def main() -> None:
     )
     write(
         HERE / "build.txt",
-        "Build backend for the wheel (pyproject [build-system] requires), pinned.",
-        closure(project["build-system"]["requires"]),
+        "Build backend for the wheel (pyproject [build-system] requires) and the mypyc\n"
+        "# hook that compiles the core (its dependencies), pinned.",
+        closure([*project["build-system"]["requires"], *mypyc_hook(project)["dependencies"]]),
     )
+
+
+def mypyc_hook(project: dict[str, Any]) -> dict[str, Any]:
+    """pyproject's mypyc build hook table (the compiled core of the image's wheel)."""
+    hook: dict[str, Any] = project["tool"]["hatch"]["build"]["targets"]["wheel"]["hooks"]["mypyc"]
+    return hook
 
 
 if __name__ == "__main__":

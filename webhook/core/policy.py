@@ -703,8 +703,10 @@ def _scheduler_problems(document: Mapping[str, Any], policy: Policy) -> list[tup
             )
         )
     for name in written:
-        if name in ("default", *SCHEDULED_MODES) or (
-            name in policy.gpu_resources and not name.startswith(policy.mig_prefixes)
+        if (
+            name == "default"
+            or name in SCHEDULED_MODES
+            or (name in policy.gpu_resources and not name.startswith(policy.mig_prefixes))
         ):
             continue
         if name == "mig" or name.startswith(policy.mig_prefixes):

@@ -770,13 +770,13 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
     objects: list[Obj] = []
     # The webhooks' scope, evaluated once: a pod or workload outside it breaks no rule
     # (scope is a superset of what the core judges), so each validation stops there. On
-    # a pod that asks for no GPU this halved the policy's cost in the apiserver (0.57 ->
-    # 0.39 ms per create, measured side by side): the rules' walks are skipped, only the
-    # object's conversion is left.
+    # a pod that asks for no GPU this cut the policy's cost in the apiserver by a third
+    # (0.57 -> 0.39 ms per create, measured side by side): the rules' walks are skipped,
+    # only the object's conversion is left.
     relevant = " && ".join(f"({c['expression']})" for c in scope_conditions(policy))
     shared = [{"name": "relevant", "expression": relevant}, *variables(policy)]
-    for validations in by_action.values():
-        for validation in validations:
+    for listed in by_action.values():
+        for validation in listed:
             validation["expression"] = f"!variables.relevant || ({validation['expression']})"
     conditions = match_conditions(policy)
     for action, validation_actions in VALIDATION_ACTIONS.items():
