@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from webhook.core.record import owner_of
+from webhook.core.record import owner_of, record_of
 
 
 def ref(kind: str, name: str, *, controller: Any = True) -> dict[str, Any]:
@@ -58,3 +58,39 @@ def ref(kind: str, name: str, *, controller: Any = True) -> dict[str, Any]:
 )
 def test_owner_of(metadata: dict[str, Any], owner: dict[str, str] | None) -> None:
     assert owner_of(metadata) == owner
+
+
+def test_record_of_an_answer_carries_the_given_time_and_the_decision() -> None:
+    from webhook.core.admission import answer
+    from webhook.core.wire import parse_review
+    from webhook.dev.testing import admission_review
+    from webhook.policies import DEFAULT_POLICY
+
+    pod = {
+        "metadata": {"name": "p", "namespace": "ml"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "c",
+                    "securityContext": {"privileged": True},
+                    "resources": {"limits": {"nvidia.com/gpu": "1"}},
+                }
+            ]
+        },
+    }
+    version, request = parse_review(admission_review(pod))
+    answered = answer(version, request, DEFAULT_POLICY, endpoint="validate")
+    record = record_of(
+        answered, endpoint="validate", policy_hash="h", latency_s=0.0012345, stamped="T"
+    )
+    assert record["timestamp"] == "T"
+    assert record["latencyMs"] == 1.234 or record["latencyMs"] == 1.235
+    assert record["allowed"] is False
+    assert "privileged-gpu" in [v["rule"] for v in record["violations"]]
+    assert record["objectRef"] == {
+        "resource": "pods",
+        "apiVersion": "v1",
+        "namespace": "ml",
+        "name": "p",
+    }
+    assert "error" not in record
