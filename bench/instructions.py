@@ -6,11 +6,13 @@ Starts ``python -m webhook serve`` (development certificates, audit log to a fil
 reviews, zeroes the counters, sends ``--requests`` more one after another on one
 HTTPS keep-alive connection, dumps the counters and prints their total over the
 requests: every thread of the server (the audit writer included), the kernel's work
-excluded. With ``--bare`` the bare aiohttp handler of ``bench/server.py`` is counted
+excluded. With ``--compiled`` the image's wheel (the core compiled by mypyc, built by
+hack/build-native) is counted beside the source. With ``--bare`` the bare aiohttp handler of ``bench/server.py`` is counted
 the same way; with ``--baseline-python`` a server started by that interpreter (the
 ``webhook`` it has installed, e.g. an older checkout's venv) is counted too.
 
     .venv/bin/python bench/instructions.py                       # (b) 5 KB GPU pod /mutate
+    .venv/bin/python bench/instructions.py --bare --compiled
     .venv/bin/python bench/instructions.py --bare --baseline-python /tmp/before/.venv/bin/python
 
 One run takes about a minute per server (valgrind runs it ~50x slower). Repeated runs
@@ -44,6 +46,7 @@ from bench.server import (  # noqa: E402
     describe,
     gpu_pod,
     manifest,
+    native_site,
     review,
     stop_all,
     webhook_origin,
@@ -138,6 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--requests", type=int, default=300, help="counted requests (300)")
     parser.add_argument("--warmup", type=int, default=100, help="requests before counting (100)")
     parser.add_argument("--bare", action="store_true", help="count the bare aiohttp handler too")
+    parser.add_argument(
+        "--compiled",
+        action="store_true",
+        help="count the image's wheel (the core compiled, hack/build-native) too",
+    )
     parser.add_argument("--baseline-python", metavar="PYTHON", help="count its server too")
     parser.add_argument(
         "--keep",
@@ -170,9 +178,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             # Started one at a time: two under valgrind would share the cores.
             counted: list[tuple[str, Callable[[], Server]]] = []
             origin = describe(webhook_origin(None, workdir))
+            if args.compiled:
+                site = native_site()
+                counted.append(
+                    (
+                        f"this checkout, compiled core (the image's wheel): {origin}",
+                        lambda: CountedServer(workdir, name="compiled", cpus=None, site=site),
+                    )
+                )
             counted.append(
                 (
-                    f"this checkout: {origin}",
+                    f"this checkout, source: {origin}",
                     lambda: CountedServer(workdir, name="after", cpus=None),
                 )
             )
