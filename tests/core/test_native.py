@@ -129,6 +129,20 @@ def test_the_benchmark_pods_answer_alike(compiled: Worker, endpoint: Endpoint) -
     assert mutated["review"]["response"]["patch"]
 
 
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("oldObject", []), ("object", [1]), ("namespace", 7), ("operation", 3), ("resource", "x")],
+)
+def test_odd_wire_values_answer_alike(compiled: Worker, field: str, value: Any) -> None:
+    # The wire's TypedDicts say what the apiserver sends; compiled code checked them on
+    # read (a list as oldObject raised TypeError there, and the source answered).
+    review: Any = admission_review(gpu_pod_5k(), namespace="ml")
+    review["request"][field] = value
+    for endpoint in ("mutate", "validate"):
+        expected = json.loads(json.dumps(outcome(POLICIES["default"], endpoint, review)))
+        assert compiled.ask("default", endpoint, review) == expected
+
+
 def _review(kind: str, obj: Any, old: Any, operation: str) -> Any:
     review: Any = admission_review({}, kind=kind, operation=operation)
     review["request"]["object"] = obj

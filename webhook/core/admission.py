@@ -31,8 +31,10 @@ class Answer:
     facts: Request
 
 
-def request_facts(request: AdmissionRequest, obj: Mapping[str, Any]) -> Request:
-    """The :class:`Request` of a wire AdmissionRequest (its object already chosen)."""
+def request_facts(request: Mapping[str, Any], obj: Mapping[str, Any]) -> Request:
+    """The :class:`Request` of a wire AdmissionRequest (its object already chosen).
+
+    Untyped on purpose, as :func:`_object` is: a client may send any JSON in any field."""
     kind = as_mapping(request.get("kind")).get("kind") or as_mapping(obj).get("kind") or ""
     user = as_mapping(request.get("userInfo"))
     groups = user.get("groups")
@@ -43,6 +45,15 @@ def request_facts(request: AdmissionRequest, obj: Mapping[str, Any]) -> Request:
         username=str(user.get("username") or ""),
         groups=tuple(str(g) for g in groups) if isinstance(groups, list) else (),
     )
+
+
+def _object(request: Mapping[str, object], key: str) -> dict[str, Any] | None:
+    """``request[key]`` when it is a JSON object. Read through ``Mapping[str, object]``:
+    the wire's TypedDict says what the apiserver sends, not what a client may, and the
+    compiled core checks a TypedDict value's declared type when it is read (a list as
+    ``oldObject`` raised TypeError)."""
+    value = request.get(key)
+    return value if isinstance(value, dict) else None
 
 
 def _response(
@@ -77,17 +88,14 @@ def answer(
     cluster: ClusterView | None = None,
 ) -> Answer:
     """Answer one parsed AdmissionReview at ``endpoint`` (with what ``cluster`` knows)."""
-    obj = request.get("object")
-    if not isinstance(obj, dict):
-        obj = {}
+    obj = _object(request, "object") or {}
     facts = request_facts(request, obj)
-    old = request.get("oldObject")
     decision = decide(
         obj,
         facts,
         policy,
         phase=endpoint,
-        old=old if isinstance(old, dict) else None,
+        old=_object(request, "oldObject"),
         cluster=cluster,
     )
     review = _response(version, request["uid"], decision, policy, endpoint=endpoint)
@@ -107,5 +115,5 @@ def error_answer(
             "message": f"gpushare-webhook could not evaluate the request ({error}); "
             "the policy's onError is deny",
         }
-    facts = request_facts(request, request.get("object") or {})
+    facts = request_facts(request, _object(request, "object") or {})
     return Answer(review=review, decision=decision, request=request, facts=facts)

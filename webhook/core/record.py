@@ -90,7 +90,8 @@ def record_of(
 ) -> AuditRecord:
     """The audit record of one answered review, with the time ``stamped`` (the edge's
     clock). Here, in the compiled core, rather than at the edge: it runs per request."""
-    request = answer.request
+    # Any JSON may stand in any field: read untyped, or the compiled core would check each.
+    request: Mapping[str, Any] = answer.request
     resource = as_mapping(request.get("resource"))
     metadata = as_mapping(
         as_mapping(request.get("object") or request.get("oldObject")).get("metadata")
