@@ -98,23 +98,26 @@ def test_one_policy_and_binding_per_action_holding_its_rules() -> None:
     assert list(validations_by_rule(policies["gpushare-deny"])) == list(RULES)
     expressions = celpolicy.rule_expressions(DEFAULT_POLICY)
     for rule, validation in validations_by_rule(policies["gpushare-deny"]).items():
-        # Each rule is skipped outside the webhooks' scope (one variable, evaluated once).
-        assert validation["expression"] == f"!variables.relevant || ({expressions[rule]})"
+        assert validation["expression"] == expressions[rule]
         assert validation["message"] == f"[{rule}] {celpolicy.MESSAGES[rule]}"
         assert validation["reason"] == "Forbidden"
     assert [v["name"] for v in spec["variables"]] == [
-        "relevant",
-        *(v["name"] for v in celpolicy.variables(DEFAULT_POLICY)),
+        v["name"] for v in celpolicy.variables(DEFAULT_POLICY)
     ]
-    scope = [c["expression"] for c in match_conditions(DEFAULT_POLICY)]
-    assert spec["variables"][0]["expression"] == " && ".join(f"({c})" for c in scope)
+    # No rule is evaluated outside the webhooks' scope: their condition comes first.
+    assert spec["matchConditions"][: len(match_conditions(DEFAULT_POLICY))] == list(
+        match_conditions(DEFAULT_POLICY)
+    )
     binding = bindings["gpushare-deny"]["spec"]
     assert binding["policyName"] == "gpushare-deny"
     assert binding["validationActions"] == ["Deny"]
     selector = binding["matchResources"]["namespaceSelector"]["matchExpressions"][0]
     assert selector["values"] == ["kube-system", "gpushare-system"]
-    # The default policy exempts nobody.
-    assert all("matchConditions" not in p["spec"] for p in policies.values())
+    # The default policy exempts nobody: the scope is the only condition.
+    assert all(
+        p["spec"]["matchConditions"] == list(match_conditions(DEFAULT_POLICY))
+        for p in policies.values()
+    )
 
 
 def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:

@@ -55,8 +55,8 @@ gpu-quota and mode-conflict (they need quantities parsed and compared),
 unmutated-gpu-pod (without the mutating webhook every sharing pod
 would lack its settings: it only makes sense beside the webhook).
 
-Scope as the webhooks': each validation first checks the webhooks' matchConditions
-(one variable, ``relevant``), then the rule; pods (CREATE, UPDATE) and the workload kinds (CREATE, UPDATE),
+Scope as the webhooks': their matchCondition comes first (no validation runs on an
+object outside it); pods (CREATE, UPDATE) and the workload kinds (CREATE, UPDATE),
 namespaces other than kube-system and the install's; the policy's exemptions
 (namespaces, users, groups, service accounts) are matchConditions. On a pod UPDATE a
 rule refuses only what the old object did not already break, as the core judges an
@@ -768,17 +768,14 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
             }
         )
     objects: list[Obj] = []
-    # The webhooks' scope, evaluated once: a pod or workload outside it breaks no rule
-    # (scope is a superset of what the core judges), so each validation stops there. On
-    # a pod that asks for no GPU this cut the policy's cost in the apiserver by a third
-    # (0.57 -> 0.39 ms per create, measured side by side): the rules' walks are skipped,
-    # only the object's conversion is left.
-    relevant = " && ".join(f"({c['expression']})" for c in scope_conditions(policy))
-    shared = [{"name": "relevant", "expression": relevant}, *variables(policy)]
-    for listed in by_action.values():
-        for validation in listed:
-            validation["expression"] = f"!variables.relevant || ({validation['expression']})"
-    conditions = match_conditions(policy)
+    shared = variables(policy)
+    # The webhooks' scope first: a pod or workload outside it breaks no rule (scope is a
+    # superset of what the core judges), and the apiserver then evaluates no validation.
+    # On a plain pod create the policy's cost fell from 0.57 ms (no scope) and 0.42 ms
+    # (scope as a variable each validation checks first) to 0.18 ms, measured side by
+    # side: the apiserver pays per expression evaluated. A GPU pod pays the one
+    # condition more (within noise: 1.20 vs 1.24 ms).
+    conditions = [*scope_conditions(policy), *match_conditions(policy)]
     for action, validation_actions in VALIDATION_ACTIONS.items():
         validations = by_action.get(action)
         if not validations:
