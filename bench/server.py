@@ -1198,34 +1198,24 @@ def command_bench(args: argparse.Namespace) -> int:
                 f"  (the bare handler had {summaries['bare', 'b'].cpu_share:.0%} of core 0: the"
                 " load generator, not its core, bounded it, so req/s ratios flatter ours)"
             )
+
+        def compare(heading: str, variant: str) -> None:
+            """Ours after ``variant`` (after / before), per scenario, from the same rounds."""
+            print(f"\n{heading}, medians of the rounds' ratios (min-max):")
+            for scenario in chosen:
+                after, before = runs["ours", scenario.key], runs[variant, scenario.key]
+                new, old = summaries["ours", scenario.key], summaries[variant, scenario.key]
+                print(
+                    f"  {scenario.title:<27} req/s {old.rps:,.0f} -> {new.rps:,.0f} ="
+                    f" {fmt_ratio(paired(after, before, requests_per_s))};"
+                    f" CPU/req {old.cpu_us:.0f} -> {new.cpu_us:.0f} us ="
+                    f" {fmt_ratio(paired(after, before, per_request_us))}"
+                )
+
         if source is not None:
-            print(
-                "\nsource -> compiled core (compiled / source), medians of the rounds' ratios"
-                " (min-max):"
-            )
-            for scenario in chosen:
-                after, before = runs["ours", scenario.key], runs["source", scenario.key]
-                new, old = summaries["ours", scenario.key], summaries["source", scenario.key]
-                print(
-                    f"  {scenario.title:<27} req/s {old.rps:,.0f} -> {new.rps:,.0f} ="
-                    f" {fmt_ratio(paired(after, before, requests_per_s))};"
-                    f" CPU/req {old.cpu_us:.0f} -> {new.cpu_us:.0f} us ="
-                    f" {fmt_ratio(paired(after, before, per_request_us))}"
-                )
+            compare("source -> compiled core (compiled / source)", "source")
         if base is not None:
-            print(
-                "\nbaseline -> this checkout (after / before), medians of the rounds' ratios"
-                " (min-max):"
-            )
-            for scenario in chosen:
-                after, before = runs["ours", scenario.key], runs["baseline", scenario.key]
-                new, old = summaries["ours", scenario.key], summaries["baseline", scenario.key]
-                print(
-                    f"  {scenario.title:<27} req/s {old.rps:,.0f} -> {new.rps:,.0f} ="
-                    f" {fmt_ratio(paired(after, before, requests_per_s))};"
-                    f" CPU/req {old.cpu_us:.0f} -> {new.cpu_us:.0f} us ="
-                    f" {fmt_ratio(paired(after, before, per_request_us))}"
-                )
+            compare("baseline -> this checkout (after / before)", "baseline")
 
         gpu = summaries["ours", "b"]
         bare_ratio = paired(runs["bare", "b"], runs["ours", "b"], per_request_us)[0]
