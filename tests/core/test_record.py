@@ -6,7 +6,11 @@ from typing import Any
 
 import pytest
 
+from webhook.core.admission import answer
 from webhook.core.record import owner_of, record_of
+from webhook.core.wire import parse_review
+from webhook.dev.testing import admission_review
+from webhook.policies import DEFAULT_POLICY
 
 
 def ref(kind: str, name: str, *, controller: Any = True) -> dict[str, Any]:
@@ -61,11 +65,6 @@ def test_owner_of(metadata: dict[str, Any], owner: dict[str, str] | None) -> Non
 
 
 def test_record_of_an_answer_carries_the_given_time_and_the_decision() -> None:
-    from webhook.core.admission import answer
-    from webhook.core.wire import parse_review
-    from webhook.dev.testing import admission_review
-    from webhook.policies import DEFAULT_POLICY
-
     pod = {
         "metadata": {"name": "p", "namespace": "ml"},
         "spec": {

@@ -16,6 +16,7 @@ import urllib3
 from hypothesis import HealthCheck, settings
 
 from tests.core.strategies import IDENTITIES, template_of
+from webhook.certs.lease import read_json
 from webhook.dev.cluster import DevCluster
 
 Obj = dict[str, Any]
@@ -258,3 +259,20 @@ def idle_webhook(name: str, *, label: str, resource: str, **extra: Any) -> Obj:
         ],
         **extra,
     }
+
+
+def account_client(cluster: DevCluster, core: Any, account: str, namespace: str) -> Any:
+    """An ApiClient acting as service account ``account`` (a 10-minute token): what the
+    install's RBAC lets the webhook do, rather than the admin's kubeconfig. Close it."""
+    from kubernetes import client
+
+    token = read_json(
+        core.create_namespaced_service_account_token(
+            account, namespace, {"spec": {"expirationSeconds": 600}}, _preload_content=False
+        )
+    )["status"]["token"]
+    configuration = client.Configuration()
+    configuration.host = cluster.server
+    configuration.ssl_ca_cert = str(cluster.ca_file)
+    configuration.api_key = {"authorization": f"Bearer {token}"}
+    return client.ApiClient(configuration)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from tests.e2e import serving
-from tests.e2e.rest import idle_webhook
+from tests.e2e.rest import account_client, idle_webhook
 from webhook.certs.lease import read_json
 from webhook.core.policy import Policy
 from webhook.dev.cluster import DevCluster
@@ -164,16 +164,7 @@ def as_keeper(cluster: DevCluster) -> Iterator[Any]:
             "subjects": [{"kind": "ServiceAccount", "name": ACCOUNT, "namespace": NAMESPACE}],
         }
     )
-    token = read_json(
-        core.create_namespaced_service_account_token(
-            ACCOUNT, NAMESPACE, {"spec": {"expirationSeconds": 600}}, _preload_content=False
-        )
-    )["status"]["token"]
-    configuration = client.Configuration()
-    configuration.host = cluster.server
-    configuration.ssl_ca_cert = str(cluster.ca_file)
-    configuration.api_key = {"authorization": f"Bearer {token}"}
-    account: Any = client.ApiClient(configuration)
+    account = account_client(cluster, core, ACCOUNT, NAMESPACE)
     try:
         yield account
     finally:

@@ -22,7 +22,7 @@ from cryptography.x509 import DNSName
 from cryptography.x509.verification import PolicyBuilder, Store, VerificationError
 
 from tests.e2e import serving
-from tests.e2e.rest import idle_webhook
+from tests.e2e.rest import account_client, idle_webhook
 from webhook.certs.lease import read_json
 from webhook.certs.material import CertificateError
 from webhook.certs.rotation import (
@@ -460,16 +460,7 @@ async def test_the_install_rbac_is_all_the_mode_needs(
     }
     for obj in rbac:
         create[obj["kind"]](obj)
-    token = read_json(
-        core.create_namespaced_service_account_token(
-            account, NAMESPACE, {"spec": {"expirationSeconds": 600}}, _preload_content=False
-        )
-    )["status"]["token"]
-    configuration = client.Configuration()
-    configuration.host = cluster.server
-    configuration.ssl_ca_cert = str(cluster.ca_file)
-    configuration.api_key = {"authorization": f"Bearer {token}"}
-    as_account: Any = client.ApiClient(configuration)
+    as_account = account_client(cluster, core, account, NAMESPACE)
     clock = FakeClock()
 
     def manager(identity: str) -> SelfManagedCertificates:
