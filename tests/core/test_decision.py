@@ -105,8 +105,10 @@ def test_user_preload_and_tightened_policy_are_kept() -> None:
     init = entry["object"]["spec"]["initContainers"][0]
     assert env_of(entry["object"], kind="initContainers")["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1024m"
     assert init["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    # The container without a GPU request gets nothing.
-    assert "env" not in entry["object"]["spec"]["containers"][1]
+    # The container without a GPU request gets no device and no driver files.
+    assert entry["object"]["spec"]["containers"][1]["env"] == [
+        {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+    ]
     assert {v["name"] for v in entry["object"]["spec"]["volumes"]} >= {"data", "gpushare-vgpu-lib"}
 
 
@@ -201,12 +203,12 @@ def test_scheduler_is_overwritten_only_when_default() -> None:
     ]
 
 
-def test_hide_devices_from_other_containers() -> None:
+def test_containers_that_ask_for_no_gpu_are_voided() -> None:
     pod = gpu_pod()
     pod["spec"]["containers"].append({"name": "side", "image": "busybox"})
     entry = review_object(pod, load_policy(EXAMPLES / "strict.yaml"))
     assert entry["allowed"]
-    assert env_of(entry["object"], 1) == {"NVIDIA_VISIBLE_DEVICES": "none"}
+    assert env_of(entry["object"], 1) == {"NVIDIA_VISIBLE_DEVICES": "void"}
     assert env_of(entry["object"])["GPU_CORE_UTILIZATION_POLICY"] == "force"
 
 

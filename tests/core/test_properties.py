@@ -46,8 +46,7 @@ POLICY_FILES: Final = [
 POLICIES: Final[dict[str, Policy]] = {
     **{path.stem: load_policy(path) for path in POLICY_FILES},
     "preload-file": parse_policy(
-        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\n"
-        "spec:\n  vgpu: {preload: file, hideDevicesFromOtherContainers: true}\n"
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  vgpu: {preload: file}\n"
     ),
 }
 policies: Final = st.sampled_from(sorted(POLICIES)).map(lambda name: POLICIES[name])

@@ -17,7 +17,8 @@ from webhook.core.finding import Finding
 from webhook.core.injection import NOTHING, injection_for
 from webhook.core.mig import Translation, translate
 from webhook.core.mode import ModeChoice, choose_mode
-from webhook.core.mutation import first_missing, mutate
+from webhook.core.mutation import first_missing, mutate, needs_void
+from webhook.core.objects import JUDGED_KINDS, object_findings
 from webhook.core.policy import RULE_IDS, Action, Mode, Policy, match_any
 from webhook.core.pool import pool_of
 from webhook.core.resources import read_pod
@@ -131,6 +132,7 @@ def _examine(
         allocator=(bool(annotations) or previous is not None)
         and policy.reserved_writers.match(request.username, request.groups),
         previous=previous,
+        namespace=namespace,
     )
     findings = evaluate(subject, policy)
     if subject.created:
@@ -176,7 +178,7 @@ def decide(
     if request.operation not in ("CREATE", "UPDATE"):
         return decision
     view = find_pod(obj, request.kind)
-    if view is None:
+    if view is None and request.kind not in JUDGED_KINDS:
         return decision
     if exempt(request, policy):
         decision.exempt = True
@@ -184,6 +186,12 @@ def decide(
     namespace = request.namespace or str(
         as_mapping(obj.get("metadata")).get("namespace") or "default"
     )
+    if view is None:
+        # Written once and read by pods later: judged whole at every write.
+        _apply_actions(
+            decision, object_findings(obj, request.kind, policy, namespace=namespace), (), policy
+        )
+        return decision
     # An update of a pod is judged by what it adds: what the pod had before is not its
     # doing (a policy tightened since its creation must not refuse a label change).
     old_view = None
@@ -234,7 +242,13 @@ def decide(
                     f"{missing['path']}); is the gpushare mutating webhook registered?",
                 )
             )
-    elif mutable:
+    elif (
+        phase == "mutate"
+        and subject.created
+        and (mutable or needs_void(view.spec, subject.requests))
+    ):
+        # A pod that shares no GPU may still need the void for its containers: mutated,
+        # but never refused as unmutated (a legacy image is raw-visible-devices').
         mutation = mutate(view, subject.requests, choice.mode, policy, subject.injection)
         decision.patch = [*translated, *mutation.ops] if translated else mutation.ops
         capped = [Finding("limit-tampering", text) for text in mutation.overwritten]

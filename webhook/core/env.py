@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 from webhook.core.workload import MAPPINGS
 
@@ -31,3 +31,100 @@ def effective_env(container: Mapping[str, Any]) -> dict[str, Mapping[str, Any]]:
 def opaque(value: str | None) -> bool:
     """A value the kubelet decides: from valueFrom, or with $(VAR) references it expands."""
     return value is None or "$(" in value
+
+
+# The env names that decide which GPUs a container gets or whether its limits hold, and
+# that a ConfigMap or Secret may not carry into a pod through envFrom (raw-visible-devices):
+# the device list, the variable that makes an image "legacy" (every GPU) without it, and
+# the switches that turn HAMi-core's enforcement off or loosen it.
+GUARDED_NAMES: Final = (
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_VERSION",
+    "CUDA_DISABLE_CONTROL",
+    "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_REDIRECT",
+    "ACTIVE_OOM_KILLER",
+)
+# ... and every name that starts with these: HAMi-core's per-device limits, which the
+# mutation cannot pin when memory is a percentage the device plugin turns into MiB (the
+# kubelet puts the pod's env, envFrom's included, after the device plugin's).
+GUARDED_PREFIXES: Final = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
+
+
+def guarded(name: str) -> bool:
+    """``name`` is one a ConfigMap or Secret may not hand a container."""
+    return name in GUARDED_NAMES or name.startswith(GUARDED_PREFIXES)
+
+
+def _set(entries: list[Mapping[str, Any]]) -> bool:
+    """Some entry may give a non-empty value (valueFrom and $(VAR) may)."""
+    return any(opaque(value) or value for value in map(env_value, entries))
+
+
+def _surely_set(entries: list[Mapping[str, Any]]) -> bool:
+    """Every entry gives a non-empty literal value, and there is one."""
+    return bool(entries) and all(
+        not opaque(value) and bool(value) for value in map(env_value, entries)
+    )
+
+
+def legacy_image(container: Mapping[str, Any]) -> bool:
+    """The NVIDIA runtime would treat the container as a legacy CUDA image, which gets
+    every GPU: ``CUDA_VERSION`` set, ``NVIDIA_REQUIRE_CUDA`` empty and no
+    ``NVIDIA_VISIBLE_DEVICES`` (whose value raw-visible-devices judges).
+
+    Every entry of a name counts, not only the last: runtimes differ on duplicates.
+    """
+    env = container.get("env")
+    if not isinstance(env, list):
+        return False
+    by_name: dict[str, list[Mapping[str, Any]]] = {}
+    for entry in env:
+        if isinstance(entry, MAPPINGS):
+            name = entry.get("name")
+            # A string first: a list or map as a name is unhashable.
+            if isinstance(name, str) and name in _LEGACY_NAMES:
+                by_name.setdefault(name, []).append(entry)
+    return (
+        _set(by_name.get("CUDA_VERSION", []))
+        and not _surely_set(by_name.get("NVIDIA_REQUIRE_CUDA", []))
+        and "NVIDIA_VISIBLE_DEVICES" not in by_name
+    )
+
+
+_LEGACY_NAMES: Final = frozenset({"CUDA_VERSION", "NVIDIA_REQUIRE_CUDA", "NVIDIA_VISIBLE_DEVICES"})
+
+
+def names_nvidia_env(container: Mapping[str, Any]) -> bool:
+    """The container's env names ``CUDA_VERSION`` or an ``NVIDIA_*`` variable."""
+    env = container.get("env")
+    if not isinstance(env, list):
+        return False
+    for entry in env:
+        if isinstance(entry, MAPPINGS):
+            name = entry.get("name")
+            if isinstance(name, str) and (name == "CUDA_VERSION" or name.startswith("NVIDIA_")):
+                return True
+    return False
+
+
+def spelling_prefixes(container: Mapping[str, Any]) -> list[str]:
+    """The ``envFrom`` prefixes of ``container`` that, with some key, spell a guarded
+    name (``NVIDIA_`` + ``VISIBLE_DEVICES``): the write-time guard on ConfigMaps and
+    Secrets looks at keys, not at the names a prefix makes of them."""
+    sources = container.get("envFrom")
+    found: list[str] = []
+    for source in sources if isinstance(sources, list) else ():
+        if not isinstance(source, MAPPINGS):
+            continue
+        prefix = source.get("prefix")
+        if isinstance(prefix, str) and prefix and spells_guarded(prefix):
+            found.append(prefix)
+    return found
+
+
+def spells_guarded(prefix: str) -> bool:
+    """Some key after ``prefix`` makes a guarded name."""
+    return any(name.startswith(prefix) and name != prefix for name in GUARDED_NAMES) or any(
+        name.startswith(prefix) or prefix.startswith(name) for name in GUARDED_PREFIXES
+    )

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from webhook.core.env import env_value
+from webhook.core.env import env_value, names_nvidia_env
 from webhook.core.finding import quoted
 from webhook.core.injection import (
     CACHE_DIR,
@@ -28,7 +28,7 @@ from webhook.core.injection import (
     same_volume,
 )
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
-from webhook.core.resources import ContainerRequest, PodRequests, describe
+from webhook.core.resources import ContainerRequest, PodRequests, asks_for_gpu
 from webhook.core.wire import PatchOp
 from webhook.core.workload import MAPPINGS, PodView, as_mapping
 
@@ -92,7 +92,6 @@ _SWITCHES: Final = (
     Want("CUDA_REDIRECT", ""),
     Want("ACTIVE_OOM_KILLER", "true", keep=("true", "1")),
 )
-_HIDDEN: Final = (Want("NVIDIA_VISIBLE_DEVICES", "none", report=False),)
 
 
 def wanted_env(request: ContainerRequest, mode: Mode, policy: Policy) -> list[Want]:
@@ -366,24 +365,54 @@ def _container_ops(
                 )
 
 
-def _hidden_device_ops(out: Patch, view: PodView, sharing: set[tuple[str, int]]) -> None:
-    """NVIDIA_VISIBLE_DEVICES=none for every container that asked for no GPU."""
+# What a container that asks for no GPU gets: no device and no driver files ("none"
+# still mounts the driver's libraries). Pod env beats image ENV, so this also overrides an
+# image's baked NVIDIA_VISIBLE_DEVICES=all and makes a CUDA_VERSION image no legacy one.
+VOID: Final = "void"
+
+
+def needs_void(spec: Mapping[str, Any], requests: PodRequests) -> bool:
+    """The pod's containers that ask for no GPU get NVIDIA_VISIBLE_DEVICES=void: in a GPU
+    pod, and in a pod whose env names CUDA_VERSION or an NVIDIA_* variable."""
+    if requests.gpu:
+        return True
+    for kind in ("containers", "initContainers"):
+        containers = spec.get(kind)
+        for container in containers if isinstance(containers, list) else ():
+            if isinstance(container, MAPPINGS) and names_nvidia_env(container):
+                return True
+    return False
+
+
+def _void_ops(out: Patch, view: PodView, policy: Policy) -> None:
+    """NVIDIA_VISIBLE_DEVICES=void for every container that asks for no GPU and does not
+    set the variable itself (a value the user set is judged, never rewritten)."""
     for kind in ("containers", "initContainers"):
         containers = view.spec.get(kind)
         if not isinstance(containers, list):
             continue
         for index, container in enumerate(containers):
-            if (kind, index) in sharing or not isinstance(container, MAPPINGS):
+            if not isinstance(container, MAPPINGS) or asks_for_gpu(container, policy):
                 continue
-            name = container.get("name")
-            _env_ops(
-                out,
-                f"{view.spec_pointer}/{kind}/{index}",
-                container,
-                _HIDDEN,
-                label=describe(kind, name if isinstance(name, str) else ""),
-                strays=None,
-            )
+            env = container.get("env")
+            pointer = f"{view.spec_pointer}/{kind}/{index}/env"
+            if env is None:
+                out.add(
+                    {"op": "add", "path": pointer, "value": [{"name": _VISIBLE, "value": VOID}]}
+                )
+            elif isinstance(env, list) and not any(
+                isinstance(entry, MAPPINGS) and entry.get("name") == _VISIBLE for entry in env
+            ):
+                out.add(
+                    {
+                        "op": "add",
+                        "path": f"{pointer}/-",
+                        "value": {"name": _VISIBLE, "value": VOID},
+                    }
+                )
+
+
+_VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
 
 
 def _edits(
@@ -395,8 +424,21 @@ def _edits(
     injection: Injection,
 ) -> None:
     """Every op a pod (or template) in ``mode`` still needs, in an order that applies."""
-    if mode not in ("vgpu", "mps"):
-        return
+    if mode in ("vgpu", "mps"):
+        _mode_edits(out, view, requests, mode, policy, injection)
+    if needs_void(view.spec, requests):
+        _void_ops(out, view, policy)
+
+
+def _mode_edits(
+    out: Patch,
+    view: PodView,
+    requests: PodRequests,
+    mode: Mode,
+    policy: Policy,
+    injection: Injection,
+) -> None:
+    """The ops of a GPU-sharing pod in mode vgpu or mps."""
     spec, sp = view.spec, view.spec_pointer
     _scheduler_ops(out, spec, sp, policy.scheduler_for(requests, mode=mode))
     if mode == "mps":
@@ -412,13 +454,9 @@ def _edits(
         label="pod",
         what="volume",
     )
-    sharing: set[tuple[str, int]] = set()
     for request in requests.containers:
         if request.shares and request.kind != "ephemeralContainers":
-            sharing.add((request.kind, request.index))
             _container_ops(out, view, request, mode, policy, injection)
-    if policy.hide_devices_from_other_containers:
-        _hidden_device_ops(out, view, sharing)
 
 
 def mutate(

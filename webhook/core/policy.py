@@ -36,6 +36,7 @@ RULE_IDS: Final = (
     "gpu-quota",
     "scheduler-bypass",
     "forged-allocation",
+    "gpu-claim",
     "unmutated-gpu-pod",
     "no-fitting-node",
 )
@@ -148,6 +149,8 @@ SCHEMA: Final[dict[str, Any]] = {
                         "lockHostPath": _ABS_PATH,
                         "coreUtilizationPolicy": {"enum": ["default", "force"]},
                         "allowDisableCoreUtilizationPolicy": {"type": "boolean"},
+                        # Accepted from older policies and ignored: every container that
+                        # asks for no GPU now gets NVIDIA_VISIBLE_DEVICES=void.
                         "hideDevicesFromOtherContainers": {"type": "boolean"},
                     },
                 },
@@ -199,6 +202,14 @@ SCHEMA: Final[dict[str, Any]] = {
                 },
                 "reservedAnnotations": _STRINGS,
                 "reservedAnnotationWriters": _IDENTITIES,
+                "dra": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "deviceClasses": _STRINGS,
+                        "allowedNamespaces": _STRINGS,
+                    },
+                },
                 "hostPaths": {
                     "type": "object",
                     "additionalProperties": False,
@@ -319,7 +330,6 @@ class Policy:
     lock_host_path: str
     core_utilization_policy: Literal["default", "force"]
     allow_disable_core_utilization_policy: bool
-    hide_devices_from_other_containers: bool
     mps_pipe_directory: str
     mps_node_selector: Mapping[str, str]
     actions: Mapping[str, Action]
@@ -345,6 +355,10 @@ class Policy:
     config_map_env: bool = False
     secret_env: bool = False
     mig_pools: tuple[MigPool, ...] = ()
+    # Dynamic Resource Allocation: the device classes that hand out whole GPUs, and the
+    # namespaces that may claim them (gpu-claim).
+    gpu_device_classes: tuple[str, ...] = ()
+    claim_namespaces: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -620,7 +634,6 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         lock_host_path=vgpu["lockHostPath"],
         core_utilization_policy=vgpu["coreUtilizationPolicy"],
         allow_disable_core_utilization_policy=vgpu["allowDisableCoreUtilizationPolicy"],
-        hide_devices_from_other_containers=vgpu["hideDevicesFromOtherContainers"],
         mps_pipe_directory=spec["mps"]["pipeDirectory"],
         mps_node_selector=dict(spec["mps"]["nodeSelector"]),
         actions={rule: spec["rules"].get(rule, "deny") for rule in RULE_IDS},
@@ -640,6 +653,8 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
             MigPool(node_selector=dict(pool["nodeSelector"]), translate=pool.get("translate", True))
             for pool in spec.get("mig", {}).get("pools", ())
         ),
+        gpu_device_classes=tuple(spec["dra"]["deviceClasses"]),
+        claim_namespaces=tuple(spec["dra"]["allowedNamespaces"]),
     )
 
 

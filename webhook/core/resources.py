@@ -303,3 +303,29 @@ def read_pod(spec: Mapping[str, Any], policy: Policy) -> PodRequests:
             if request is not None:
                 found.append(request)
     return PodRequests(containers=found)
+
+
+def claims(container: Mapping[str, Any]) -> bool:
+    """The container takes a Dynamic Resource Allocation claim (``resources.claims``)."""
+    taken = as_mapping(container.get("resources")).get("claims")
+    return isinstance(taken, list) and bool(taken)
+
+
+def asks_for_gpu(container: Mapping[str, Any], policy: Policy) -> bool:
+    """The container may get a GPU some way: a resource of the policy, one whose name says
+    GPU under any vendor (``nvidia.com/gpu.shared``, ``amd.com/gpu``, ``gpu.intel.com/i915``),
+    a MIG instance, or a DRA claim. What asks for none gets ``NVIDIA_VISIBLE_DEVICES=void``:
+    voiding a container that gets a GPU another way would break it."""
+    resources = as_mapping(container.get("resources"))
+    taken = resources.get("claims")
+    if isinstance(taken, list) and taken:
+        return True
+    for part in ("limits", "requests"):
+        for name in as_mapping(resources.get(part)):
+            if isinstance(name, str) and (
+                "gpu" in name.lower()
+                or name in policy.gpu_resources
+                or name.startswith(policy.mig_prefixes)
+            ):
+                return True
+    return False

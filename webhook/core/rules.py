@@ -8,15 +8,17 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
 
-from webhook.core.env import effective_env, env_value, opaque
+from webhook.core.env import effective_env, env_value, legacy_image, opaque, spelling_prefixes
 from webhook.core.finding import Finding, quoted
 from webhook.core.injection import MPS_LIMIT_VARS, VGPU_LIMIT_PREFIXES, Injection
-from webhook.core.policy import DEFAULT_SCHEDULER, RULE_IDS, Mode, Policy
+from webhook.core.policy import DEFAULT_SCHEDULER, RULE_IDS, Mode, Policy, match_any
 from webhook.core.resources import (
     CONTAINER_KINDS,
     ContainerKind,
     ContainerRequest,
     PodRequests,
+    asks_for_gpu,
+    claims,
     describe,
 )
 from webhook.core.workload import MAPPINGS, PodView, as_mapping
@@ -24,6 +26,9 @@ from webhook.core.workload import MAPPINGS, PodView, as_mapping
 Phase = Literal["mutate", "validate"]
 
 _HARMLESS_VISIBLE_DEVICES: Final = frozenset({"void", "none", ""})
+# capabilities.add entries that give CAP_SYS_ADMIN (runtimes upper-case them and add
+# CAP_): the NVIDIA toolkit's isPrivileged() tests for it in the bounding set.
+SYS_ADMIN: Final = frozenset({"SYS_ADMIN", "CAP_SYS_ADMIN", "ALL"})
 _TRUTHY: Final = frozenset({"1", "true", "yes", "on", "y", "t"})
 _FALSY: Final = frozenset({"0", "false"})
 # The env switches that turn HAMi-core's enforcement off or loosen it.
@@ -69,6 +74,37 @@ _CONFIG_ROOTS: Final = (
     "/etc/nvidia-container-toolkit",
     "/usr/local/nvidia",
 )
+# The host's GPU stack: sysfs (a PCI remove, reset or unbind of a card other pods use),
+# the driver libraries and tools the NVIDIA runtime mounts into every GPU container (and
+# their usrmerge aliases), and the runtime's hook. Reading them is harmless; writing
+# them changes what every GPU container on the node runs.
+STACK_ROOTS: Final = (
+    "/sys",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib/aarch64-linux-gnu",
+    "/lib/aarch64-linux-gnu",
+    "/usr/lib64",
+    "/lib64",
+    "/usr/bin/nvidia-smi",
+    "/bin/nvidia-smi",
+    "/usr/bin/nvidia-container-runtime",
+    "/usr/bin/nvidia-container-runtime-hook",
+    "/usr/bin/nvidia-container-toolkit",
+    "/usr/bin/nvidia-ctk",
+    "/bin/nvidia-container-runtime",
+    "/bin/nvidia-container-runtime-hook",
+    "/bin/nvidia-container-toolkit",
+    "/bin/nvidia-ctk",
+)
+# ... and those files wherever a distribution or the GPU Operator puts them.
+STACK_FILE_PREFIXES: Final = (
+    "libcuda",
+    "libnvidia-",
+    "nvidia-smi",
+    "nvidia-container-",
+    "nvidia-ctk",
+)
 # The NVIDIA container toolkit reads device requests from mounts below these.
 _DEVICE_REQUEST_DIRS: Final = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
 
@@ -89,6 +125,7 @@ class Subject:
     allocator: bool = False
     # On an UPDATE of a pod: the annotations before it.
     previous: Mapping[str, Any] | None = None
+    namespace: str = ""
     # A new pod, or a template (whose pods will all be created). Set once: most rules ask.
     created: bool = field(init=False)
 
@@ -158,6 +195,11 @@ def _written(spec: Mapping[str, Any]) -> set[str]:
     return names
 
 
+def _stack(path: str) -> bool:
+    """``path`` (normalised) is, lies in or contains the host's GPU stack."""
+    return _contains(path, STACK_ROOTS) or posixpath.basename(path).startswith(STACK_FILE_PREFIXES)
+
+
 def _host_path_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     volumes = subject.view.spec.get("volumes")
     if not isinstance(volumes, list):
@@ -191,6 +233,14 @@ def _host_path_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                 "host-device-access",
                 f'volume "{name}": hostPath {raw} holds the GPU runtime\'s configuration; '
                 "mount it readOnly",
+            )
+        elif _stack(path) and name in (
+            written if written is not None else (written := _written(subject.view.spec))
+        ):
+            yield Finding(
+                "host-device-access",
+                f'volume "{name}": hostPath {raw} holds the node\'s GPU stack (sysfs, the '
+                "driver's libraries and tools); mount it readOnly",
             )
         elif allowlist and not _within(path, policy.allowed_host_paths):
             yield Finding(
@@ -274,6 +324,9 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     init container and ephemeral container: privileged-gpu, raw-visible-devices,
     limit-tampering's switches and host-device-access's mounts."""
     gpu = subject.requests.gpu
+    # A legacy image is fixed by the mutation's void, which a new pod gets before
+    # validation; what reaches validation without it (or an update) is refused.
+    legacy = subject.phase == "validate" or not subject.created
     # The env names variable_findings judges: one set lookup per entry.
     judged = _GPU_JUDGED_ENV if gpu else _JUDGED_ENV
     read_only = subject.injection.read_only_volumes
@@ -285,11 +338,36 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
         for container in containers:
             if not isinstance(container, MAPPINGS):
                 continue
-            if gpu and as_mapping(container.get("securityContext")).get("privileged") is True:
+            if gpu:
+                context = as_mapping(container.get("securityContext"))
+                if context.get("privileged") is True:
+                    yield Finding(
+                        "privileged-gpu",
+                        f"{_label(kind, container)}: privileged in a GPU pod sees every GPU; "
+                        "remove securityContext.privileged",
+                    )
+                added = as_mapping(context.get("capabilities")).get("add")
+                if isinstance(added, list) and any(
+                    isinstance(c, str) and c.upper() in SYS_ADMIN for c in added
+                ):
+                    yield Finding(
+                        "privileged-gpu",
+                        f"{_label(kind, container)}: CAP_SYS_ADMIN in a GPU pod makes the NVIDIA "
+                        "runtime honour any device list it asks for; remove it from "
+                        "securityContext.capabilities.add",
+                    )
+            if legacy and legacy_image(container) and not asks_for_gpu(container, policy):
                 yield Finding(
-                    "privileged-gpu",
-                    f"{_label(kind, container)}: privileged in a GPU pod sees every GPU; "
-                    "remove securityContext.privileged",
+                    "raw-visible-devices",
+                    f"{_label(kind, container)}: CUDA_VERSION without NVIDIA_REQUIRE_CUDA makes "
+                    "the NVIDIA runtime hand it every GPU; set NVIDIA_VISIBLE_DEVICES=void or "
+                    "request GPUs in limits",
+                )
+            for prefix in spelling_prefixes(container) if "envFrom" in container else ():
+                yield Finding(
+                    "raw-visible-devices",
+                    f"{_label(kind, container)}: envFrom prefix {quoted(prefix)} can spell "
+                    "NVIDIA_VISIBLE_DEVICES or a HAMi-core switch from a key; remove the prefix",
                 )
             env = container.get("env")
             # Every entry counts, not only the last: runtimes differ on which duplicate wins.
@@ -408,6 +486,91 @@ def limit_tampering(subject: Subject) -> Iterator[Finding]:
             why = _exceeds(name, env_value(entry), request, subject.mode)
             if why:
                 yield Finding("limit-tampering", f"{request.label}: {name} {why}; remove it")
+
+
+def host_namespaces(subject: Subject) -> Iterator[Finding]:
+    """hostPID and hostIPC in a GPU pod (or template), bar the hostIPC an mps pod gets."""
+    spec = subject.view.spec
+    if spec.get("hostPID") is True:
+        yield Finding(
+            "host-device-access",
+            "hostPID in a GPU pod reaches every container's /proc/<pid>/root on the node, "
+            "their GPUs and limits; remove spec.hostPID",
+        )
+    if spec.get("hostIPC") is True and not (subject.mode == "mps" and subject.requests.sharing):
+        yield Finding(
+            "host-device-access",
+            f"hostIPC in a {subject.mode} GPU pod shares the node's IPC with the MPS daemon "
+            "and other pods; remove spec.hostIPC (mps mode sets it where the policy allows)",
+        )
+
+
+# The extended resources DRA serves from a DeviceClass (DRAExtendedResource): a pod that
+# asks for deviceclass.resource.kubernetes.io/gpu.nvidia.com gets a claim on that class.
+DEVICE_CLASS_RESOURCE: Final = "deviceclass.resource.kubernetes.io/"
+
+
+def _class_resources(spec: Mapping[str, Any], policy: Policy) -> Iterator[tuple[str, str]]:
+    """(container label, class) of every resource a container asks DRA for by class."""
+    for kind in CONTAINER_KINDS:
+        containers = spec.get(kind)
+        for container in containers if isinstance(containers, list) else ():
+            if not isinstance(container, MAPPINGS):
+                continue
+            resources = as_mapping(container.get("resources"))
+            for part in ("limits", "requests"):
+                for name in as_mapping(resources.get(part)):
+                    if isinstance(name, str) and name.startswith(DEVICE_CLASS_RESOURCE):
+                        device_class = name[len(DEVICE_CLASS_RESOURCE) :]
+                        if device_class in policy.gpu_device_classes:
+                            yield _label(kind, container), device_class
+
+
+def gpu_claims(subject: Subject, policy: Policy) -> Iterator[Finding]:
+    """A pod asking DRA for a GPU device class by its extended resource outside the
+    namespaces that may claim GPUs, and a pod that takes a DRA claim beside GPU-sharing
+    resources (the claim's devices are outside the sharing ledger)."""
+    if not subject.created:
+        return
+    spec = subject.view.spec
+    if not match_any(subject.namespace, policy.claim_namespaces):
+        for label, device_class in dict.fromkeys(_class_resources(spec, policy)):
+            yield Finding(
+                "gpu-claim",
+                f"{label}: {DEVICE_CLASS_RESOURCE}{device_class} asks DRA for whole GPUs the "
+                "sharing scheduler never counts; request GPU slices in resources.limits",
+            )
+    if not subject.requests.sharing:
+        return
+    pod_claims = spec.get("resourceClaims")
+    taken = isinstance(pod_claims, list) and bool(pod_claims)
+    if not taken:
+        for kind in CONTAINER_KINDS:
+            containers = spec.get(kind)
+            for container in containers if isinstance(containers, list) else ():
+                if isinstance(container, MAPPINGS) and claims(container):
+                    taken = True
+    if taken:
+        yield Finding(
+            "gpu-claim",
+            "a pod with GPU-sharing resources also takes a resource claim; ask for GPUs one "
+            "way: the sharing resources or a claim",
+        )
+
+
+def mps_percentage(subject: Subject) -> Iterator[Finding]:
+    """An mps pod asking for memory as a percentage the view did not turn into MiB: MPS
+    caps memory only by CUDA_MPS_PINNED_DEVICE_MEM_LIMIT, in MiB, so the client would
+    get the whole card."""
+    if subject.mode != "mps":
+        return
+    for request in subject.requests.containers:
+        if request.memory_percentage is not None and request.memory_mib is None:
+            yield Finding(
+                "mode-conflict",
+                f"{request.label}: mps caps memory in MiB only, and a percentage of an unknown "
+                "card cannot be turned into one; ask for nvidia.com/gpumem (MiB)",
+            )
 
 
 def invalid_gpu_request(subject: Subject) -> Iterator[Finding]:
@@ -557,12 +720,16 @@ def evaluate(subject: Subject, policy: Policy) -> list[Finding]:
     # itself too); skipping them keeps the common case cheap.
     if subject.requests.gpu:
         findings.extend(node_name_pinning(subject))
+        findings.extend(host_namespaces(subject))
         findings.extend(limit_tampering(subject))
         if subject.created:
             findings.extend(invalid_gpu_request(subject))
+            findings.extend(mps_percentage(subject))
             findings.extend(gpu_quota(subject, policy))
             findings.extend(scheduler_bypass(subject, policy))
     findings.extend(forged_allocation(subject, policy))
+    if subject.created and (subject.requests.sharing or policy.gpu_device_classes):
+        findings.extend(gpu_claims(subject, policy))
     if len(findings) > 1:
         findings.sort(key=lambda finding: _RULE_ORDER[finding.rule])
     return findings

@@ -1,0 +1,105 @@
+"""Objects other than pods that the rules judge when they are written.
+
+A pod reaches GPUs through more than its own spec: envFrom hands it the keys of a
+ConfigMap or Secret, whose values the kubelet reads when the container starts (a
+ConfigMap created after the pod is still read: the kubelet starts a pod without an
+optional one and retries a required one until it exists), and a Dynamic Resource
+Allocation claim hands it devices the sharing ledger never counts. Judging the pod
+cannot see either, so they are judged where they are written:
+
+- raw-visible-devices: a ConfigMap or Secret holding a guarded env name
+  (:func:`~webhook.core.env.guarded`) as a key, whatever its value;
+- gpu-claim: a ResourceClaim or ResourceClaimTemplate with a request on one of the
+  policy's GPU device classes outside the namespaces the policy allows, and a
+  DeviceClass that serves one of the policy's resources (``extendedResourceName``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Final
+
+from webhook.core.env import guarded
+from webhook.core.finding import Finding, quoted
+from webhook.core.policy import Policy, match_any
+from webhook.core.workload import MAPPINGS, as_mapping
+
+# The keys envFrom reads of each kind (stringData only in manifests: the apiserver
+# folds it into data before admission).
+ENV_SOURCES: Final[Mapping[str, tuple[str, ...]]] = {
+    "ConfigMap": ("data",),
+    "Secret": ("data", "stringData"),
+}
+CLAIM_KINDS: Final = ("ResourceClaim", "ResourceClaimTemplate")
+DEVICE_CLASS: Final = "DeviceClass"
+JUDGED_KINDS: Final = frozenset({*ENV_SOURCES, *CLAIM_KINDS, DEVICE_CLASS})
+
+
+def _env_source_findings(obj: Mapping[str, Any], kind: str) -> Iterator[Finding]:
+    for field in ENV_SOURCES[kind]:
+        for key in as_mapping(obj.get(field)):
+            if isinstance(key, str) and guarded(key):
+                yield Finding(
+                    "raw-visible-devices",
+                    f"{kind} key {key} would reach containers through envFrom unjudged; "
+                    "remove it and set what a pod needs in its own env",
+                )
+
+
+def claim_classes(spec: Mapping[str, Any]) -> Iterator[str]:
+    """The device classes a claim's ``spec`` asks for: each request's (v1 ``exactly`` and
+    ``firstAvailable``, and v1beta1's ``deviceClassName`` on the request itself)."""
+    requests = as_mapping(spec.get("devices")).get("requests")
+    for request in requests if isinstance(requests, list) else ():
+        if not isinstance(request, MAPPINGS):
+            continue
+        for candidate in (request, as_mapping(request.get("exactly"))):
+            name = candidate.get("deviceClassName")
+            if isinstance(name, str):
+                yield name
+        alternatives = request.get("firstAvailable")
+        for alternative in alternatives if isinstance(alternatives, list) else ():
+            name = as_mapping(alternative).get("deviceClassName")
+            if isinstance(name, str):
+                yield name
+
+
+def _claim_findings(
+    obj: Mapping[str, Any], kind: str, policy: Policy, namespace: str
+) -> Iterator[Finding]:
+    if match_any(namespace, policy.claim_namespaces):
+        return
+    spec = as_mapping(obj.get("spec"))
+    if kind == "ResourceClaimTemplate":
+        spec = as_mapping(spec.get("spec"))
+    for name in sorted(set(claim_classes(spec))):
+        if name in policy.gpu_device_classes:
+            yield Finding(
+                "gpu-claim",
+                f"{kind} asks for device class {quoted(name)}: whole GPUs the sharing "
+                f"scheduler never counts, and namespace {quoted(namespace)} may not claim "
+                "them; request GPU slices in resources.limits",
+            )
+
+
+def _device_class_findings(obj: Mapping[str, Any], policy: Policy) -> Iterator[Finding]:
+    name = as_mapping(obj.get("spec")).get("extendedResourceName")
+    if isinstance(name, str) and policy.is_gpu_resource(name):
+        yield Finding(
+            "gpu-claim",
+            f"DeviceClass serves {name} through DRA, outside the sharing scheduler's "
+            "accounting; remove spec.extendedResourceName",
+        )
+
+
+def object_findings(
+    obj: Mapping[str, Any], kind: str, policy: Policy, *, namespace: str
+) -> list[Finding]:
+    """The findings on a written object of one of :data:`JUDGED_KINDS`."""
+    if kind in ENV_SOURCES:
+        return list(_env_source_findings(obj, kind))
+    if kind in CLAIM_KINDS:
+        return list(_claim_findings(obj, kind, policy, namespace))
+    if kind == DEVICE_CLASS:
+        return list(_device_class_findings(obj, policy))
+    return []
