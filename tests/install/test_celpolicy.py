@@ -87,7 +87,7 @@ def validations_by_rule(policy: manifests.Obj) -> dict[str, manifests.Obj]:
 
 
 def test_one_policy_and_binding_per_action_holding_its_rules() -> None:
-    objects = validating_policies(DEFAULT_POLICY)
+    objects = pod_policies(validating_policies(DEFAULT_POLICY))
     policies = by_kind(objects, "ValidatingAdmissionPolicy")
     bindings = by_kind(objects, "ValidatingAdmissionPolicyBinding")
     # The default policy denies: one policy holds every rule, in RULES order.
@@ -120,12 +120,41 @@ def test_one_policy_and_binding_per_action_holding_its_rules() -> None:
     )
 
 
-def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
+def pod_policies(objects: list[Obj]) -> list[Obj]:
+    """The policies (and bindings) of pods and workloads, not of their sources."""
+    return [o for o in objects if not o["metadata"]["name"].endswith(celpolicy.SOURCES_SUFFIX)]
+
+
+def test_sources_are_guarded_by_policies_of_their_own() -> None:
     objects = validating_policies(CUSTOM)
+    sources = by_kind(
+        [o for o in objects if o not in pod_policies(objects)], "ValidatingAdmissionPolicy"
+    )
+    # raw-visible-devices is off in CUSTOM: only gpu-claim (deny) is left.
+    assert list(sources) == ["gpushare-deny-sources"]
+    spec = sources["gpushare-deny-sources"]["spec"]
+    assert list(validations_by_rule(sources["gpushare-deny-sources"])) == ["gpu-claim"]
+    assert "variables" not in spec
+    assert spec["matchConditions"][0]["expression"].startswith("has(object.data)")
+    resources = {r for rule in spec["matchConstraints"]["resourceRules"] for r in rule["resources"]}
+    assert resources == {
+        "configmaps",
+        "secrets",
+        "resourceclaims",
+        "resourceclaimtemplates",
+        "deviceclasses",
+    }
+    names = {o["metadata"]["name"] for o in validating_policies(DEFAULT_POLICY)}
+    assert names == {"gpushare-deny", "gpushare-deny-sources"}
+    assert names <= set(celpolicy.POLICY_NAMES)
+
+
+def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
+    objects = pod_policies(validating_policies(CUSTOM))
     policies = by_kind(objects, "ValidatingAdmissionPolicy")
     bindings = by_kind(objects, "ValidatingAdmissionPolicyBinding")
     assert list(policies) == list(bindings) == ["gpushare-deny", "gpushare-warn", "gpushare-audit"]
-    assert set(policies) == set(celpolicy.POLICY_NAMES)
+    assert set(policies) <= set(celpolicy.POLICY_NAMES)
     actions = {name: b["spec"]["validationActions"] for name, b in bindings.items()}
     assert actions == {
         "gpushare-deny": ["Deny"],
@@ -261,7 +290,8 @@ def test_host_device_access_renders_the_policys_paths() -> None:
 
 def test_host_device_access_in_denylist_mode_has_no_allow_list() -> None:
     expression = celpolicy.rule_expressions(DEFAULT_POLICY)["host-device-access"]
-    assert "variables.gpu" not in expression.split("variables.podUpdate")[0]
+    # In denylist mode only the host namespaces ask whether the pod asks for a GPU.
+    assert "variables.gpu && !(" not in expression.split("variables.podUpdate")[0]
     assert "ld.so.preload" not in expression  # preload: env injects no file
     # Mount paths with a ".." segment are left to the webhook, hostPaths need no such
     # guard (the apiserver refuses them).

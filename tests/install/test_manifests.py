@@ -99,7 +99,11 @@ def test_default_install_objects() -> None:
         ("Service", "gpushare-webhook"),
         ("Deployment", "gpushare-webhook"),
         ("PodDisruptionBudget", "gpushare-webhook"),
-        *[(kind, "gpushare-deny") for kind in celpolicy.KINDS],
+        *[
+            (kind, name)
+            for kind in celpolicy.KINDS
+            for name in ("gpushare-deny", "gpushare-deny-sources")
+        ],
         ("MutatingWebhookConfiguration", "gpushare-webhook"),
         ("ValidatingWebhookConfiguration", "gpushare-webhook"),
     ]

@@ -95,7 +95,7 @@ def test_policy_vocabulary_is_in_the_conditions() -> None:
     # Exact reserved keys the default's hami.io/ prefix does not cover.
     assert '"example.io/node"' in expression
     assert "oldObject.metadata.annotations" in expression
-    for fixed in ("NVIDIA_VISIBLE_DEVICES", "nvidia-container-devices", "cdi.k8s.io/"):
+    for fixed in ("CUDA_VERSION", "NVIDIA_", "nvidia-container-devices", "cdi.k8s.io/"):
         assert fixed in expression
 
 

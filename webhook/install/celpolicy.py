@@ -72,7 +72,9 @@ import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
+from webhook.core.env import GUARDED_NAMES, GUARDED_PREFIXES
 from webhook.core.injection import injection_for
+from webhook.core.objects import DEVICE_CLASS, ENV_SOURCES
 from webhook.core.policy import DEFAULT_SCHEDULER, Action, Identities, Policy
 from webhook.core.resources import CONTAINER_KINDS
 from webhook.core.rules import (
@@ -81,6 +83,10 @@ from webhook.core.rules import (
     _DEVICE_PREFIXES,
     _DEVICE_REQUEST_DIRS,
     _SIDE_ROOTS,
+    DEVICE_CLASS_RESOURCE,
+    STACK_FILE_PREFIXES,
+    STACK_ROOTS,
+    SYS_ADMIN,
     normalised,
 )
 from webhook.core.workload import TEMPLATE_PATHS
@@ -392,10 +398,25 @@ def _env_exists(containers: str, test: str) -> str:
     return f"{containers}.exists(c, has(c.env) && c.env.exists(e, has(e.name) && ({test})))"
 
 
+# Non-ASCII letters that upper-case to ASCII ones (Python's str.upper(), as Go's
+# strings.ToUpper the runtimes use on capability names): CEL has only upperAscii().
+_UPPER_TO_ASCII: Final = (("\u0131", "i"), ("\u017f", "s"))
+
+
+def _upper(value: str) -> str:
+    for letter, ascii_letter in _UPPER_TO_ASCII:
+        value = f"{value}.replace({literal(letter)}, {literal(ascii_letter)})"
+    return f"{value}.upperAscii()"
+
+
 def _privileged(containers: str, gpu: str, spec: str) -> str:
+    """A privileged container, or one adding CAP_SYS_ADMIN (the toolkit's isPrivileged)."""
+    caps = "c.securityContext.capabilities"
     return (
-        f"{gpu} && {containers}.exists(c, has(c.securityContext) && "
-        "has(c.securityContext.privileged) && c.securityContext.privileged == true)"
+        f"{gpu} && {containers}.exists(c, has(c.securityContext) && ("
+        "(has(c.securityContext.privileged) && c.securityContext.privileged == true) || "
+        f"(has({caps}) && has({caps}.add) && {caps}.add.exists(a, "
+        f"{_upper('a')} in {_list(sorted(SYS_ADMIN))}))))"
     )
 
 
@@ -403,12 +424,52 @@ def _node_name(containers: str, gpu: str, spec: str) -> str:
     return f"variables.created && {gpu} && has({spec}.nodeName) && {spec}.nodeName != ''"
 
 
-def _visible_devices(containers: str, gpu: str, spec: str) -> str:
-    harmless = _stripped_in(_value("e"), _HARMLESS_VISIBLE_DEVICES)
-    return _env_exists(
-        containers,
-        f"e.name == 'NVIDIA_VISIBLE_DEVICES' && (has(e.valueFrom) || !({harmless}))",
+def _asks_for_gpu(policy: Policy, c: str) -> str:
+    """``resources.asks_for_gpu`` of container ``c``."""
+    listed = f" || r in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else ""
+    test = f"r.lowerAscii().contains('gpu'){listed} || {_mig_test(policy)}"
+    return (
+        f"(has({c}.resources) && has({c}.resources.claims) && size({c}.resources.claims) > 0) "
+        f"|| ({_asks(c, test)})"
     )
+
+
+def _legacy(c: str) -> str:
+    """``env.legacy_image`` of container ``c``: some CUDA_VERSION entry may be non-empty,
+    not every NVIDIA_REQUIRE_CUDA entry is surely non-empty, no NVIDIA_VISIBLE_DEVICES."""
+    named = f"has({c}.env) && {c}.env.exists(e, has(e.name) && e.name == "
+    surely = f"!has(e.valueFrom) && {_value('e')} != '' && !{_value('e')}.contains('$(')"
+    return (
+        f"{named}'CUDA_VERSION' && ({_opaque('e')} || {_value('e')} != '')) && "
+        f"!({named}'NVIDIA_REQUIRE_CUDA') && {c}.env.all(e, !has(e.name) || "
+        f"e.name != 'NVIDIA_REQUIRE_CUDA' || ({surely}))) && "
+        f"!({named}'NVIDIA_VISIBLE_DEVICES'))"
+    )
+
+
+def _spells(prefix: str) -> str:
+    """``env.spells_guarded`` of the CEL string ``prefix``."""
+    return (
+        f"{_list(GUARDED_NAMES)}.exists(n, n.startsWith({prefix}) && n != {prefix}) || "
+        f"{_list(GUARDED_PREFIXES)}.exists(n, n.startsWith({prefix}) || {prefix}.startsWith(n))"
+    )
+
+
+def _visible_devices(policy: Policy) -> PodTest:
+    def test(containers: str, gpu: str, spec: str) -> str:
+        harmless = _stripped_in(_value("e"), _HARMLESS_VISIBLE_DEVICES)
+        raw = _env_exists(
+            containers,
+            f"e.name == 'NVIDIA_VISIBLE_DEVICES' && (has(e.valueFrom) || !({harmless}))",
+        )
+        legacy = f"{containers}.exists(c, ({_legacy('c')}) && !({_asks_for_gpu(policy, 'c')}))"
+        prefixes = (
+            f"{containers}.exists(c, has(c.envFrom) && c.envFrom.exists(s, has(s.prefix) && "
+            f"s.prefix != '' && ({_spells('s.prefix')})))"
+        )
+        return f"({raw}) || ({legacy}) || ({prefixes})"
+
+    return test
 
 
 def _switches(policy: Policy) -> PodTest:
@@ -516,6 +577,9 @@ def _host_paths(policy: Policy, containers: str, gpu: str, spec: str) -> str:
     checks = [
         _protected(policy, "p"),
         f"({_reaching('p', _CONFIG_ROOTS, parents=True)}) && {_writes(containers, 'v.name')}",
+        f"({_reaching('p', STACK_ROOTS, parents=True)} || "
+        f"{_list(STACK_FILE_PREFIXES)}.exists(f, p.substring(p.lastIndexOf('/') + 1)"
+        f".startsWith(f))) && {_writes(containers, 'v.name')}",
     ]
     if policy.host_path_mode == "allowlist":
         allowed = _reaching("p", policy.allowed_host_paths, parents=False)
@@ -552,7 +616,14 @@ def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotatio
         f"{annotations}.exists(k, k.contains('cdi.k8s.io/') && "
         f"string({annotations}[k]).contains('nvidia.com/'))"
     )
-    return f"({_host_paths(policy, containers, gpu, spec)}) || ({mounts}) || ({cdi})"
+    namespaces = (
+        f"{gpu} && ((has({spec}.hostPID) && {spec}.hostPID == true) || "
+        f"(has({spec}.hostIPC) && {spec}.hostIPC == true && "
+        "!(variables.mode == 'mps' && variables.sharing)))"
+    )
+    return (
+        f"({_host_paths(policy, containers, gpu, spec)}) || ({mounts}) || ({cdi}) || ({namespaces})"
+    )
 
 
 def _host_device_access(policy: Policy) -> str:
@@ -579,20 +650,25 @@ def _host_device_access(policy: Policy) -> str:
 
 # The message of each rule after its bracketed id (what to change, as the webhook says).
 MESSAGES: Final[Mapping[str, str]] = {
-    "privileged-gpu": "a privileged container in a GPU pod sees every GPU; "
-    "remove securityContext.privileged",
+    "privileged-gpu": "a privileged container, or one adding CAP_SYS_ADMIN, in a GPU pod sees "
+    "every GPU; remove securityContext.privileged and SYS_ADMIN from capabilities.add",
     "node-name-pinning": "spec.nodeName skips GPU scheduling; use nodeSelector or affinity instead",
-    "raw-visible-devices": "NVIDIA_VISIBLE_DEVICES set by hand (or from valueFrom); "
-    "remove it, request GPUs in resources.limits",
-    "host-device-access": "a hostPath volume, mount or CDI annotation reaches GPU devices, their "
-    "limits or the node's accounting; remove it (mount injected volumes readOnly), request "
-    "GPUs in resources.limits",
+    "raw-visible-devices": "NVIDIA_VISIBLE_DEVICES set by hand (or from valueFrom), CUDA_VERSION "
+    "without NVIDIA_REQUIRE_CUDA in a container that asks for no GPU (set "
+    "NVIDIA_VISIBLE_DEVICES=void), or an envFrom prefix that spells a guarded name; remove it, "
+    "request GPUs in resources.limits",
+    "host-device-access": "a hostPath volume, mount, host namespace or CDI annotation reaches GPU "
+    "devices, their limits, the node's GPU stack or its accounting; remove it (mount injected "
+    "volumes and the GPU stack readOnly), request GPUs in resources.limits",
     "limit-tampering": "an env switch (CUDA_DISABLE_CONTROL, GPU_CORE_UTILIZATION_POLICY, "
     "CUDA_REDIRECT, ACTIVE_OOM_KILLER) turns GPU limits off or loosens them; remove it",
     "scheduler-bypass": "a GPU-sharing pod names a scheduler that skips GPU accounting; "
     "remove spec.schedulerName",
     "forged-allocation": "annotations reserved to the GPU scheduler and device plugin were "
     "written, changed or removed; remove them",
+    "gpu-claim": "a pod takes a resource claim beside GPU-sharing resources, or asks DRA for a GPU "
+    "device class outside the namespaces that may claim GPUs; request GPU slices in "
+    "resources.limits",
 }
 
 
@@ -652,6 +728,23 @@ def _scheduler(policy: Policy) -> str:
     )
 
 
+def _claims(policy: Policy) -> str:
+    """gpu-claim of a pod (or template): a GPU device class asked for by its extended
+    resource outside the namespaces that may claim GPUs; a claim beside sharing resources."""
+    spec, containers = "variables.spec", "variables.containers"
+    taken = (
+        f"(has({spec}.resourceClaims) && size({spec}.resourceClaims) > 0) || "
+        f"{containers}.exists(c, has(c.resources) && has(c.resources.claims) && "
+        "size(c.resources.claims) > 0)"
+    )
+    terms = [f"variables.sharing && ({taken})"]
+    if policy.gpu_device_classes:
+        classes = sorted(DEVICE_CLASS_RESOURCE + c for c in policy.gpu_device_classes)
+        allowed = _glob_test("request.namespace", policy.claim_namespaces)
+        terms.append(f"!({allowed}) && {_requests(containers, f'r in {_list(classes)}')}")
+    return f"!(variables.created && ({' || '.join(f'({t})' for t in terms)}))"
+
+
 def _reserved(policy: Policy, key: str) -> str:
     return _glob_test(key, policy.reserved_annotations) if policy.reserved_annotations else "false"
 
@@ -674,11 +767,12 @@ def rule_expressions(policy: Policy) -> dict[str, str]:
     return {
         "privileged-gpu": _pod_rule(_privileged),
         "node-name-pinning": _pod_rule(_node_name),
-        "raw-visible-devices": _pod_rule(_visible_devices),
+        "raw-visible-devices": _pod_rule(_visible_devices(policy)),
         "host-device-access": _host_device_access(policy),
         "limit-tampering": _pod_rule(_switches(policy)),
         "scheduler-bypass": _scheduler(policy),
         "forged-allocation": _forged(policy),
+        "gpu-claim": _claims(policy),
     }
 
 
@@ -742,14 +836,64 @@ def match_constraints(namespace: str = SYSTEM_NAMESPACES[1]) -> Obj:
     }
 
 
-def policy_name(action: Action) -> str:
-    """The ValidatingAdmissionPolicy (and binding) holding the rules of ``action``."""
-    return NAME_PREFIX + action
+def policy_name(action: Action, *, sources: bool = False) -> str:
+    """The ValidatingAdmissionPolicy (and binding) holding the rules of ``action`` on pods
+    and workloads, or (``sources``) on what pods take env and devices from."""
+    return NAME_PREFIX + action + (SOURCES_SUFFIX if sources else "")
 
 
+SOURCES_SUFFIX: Final = "-sources"
 # Every name validating_policies can render, whatever the policy: the install's RBAC
 # lets the webhook update and delete these and no other.
-POLICY_NAMES: Final = tuple(policy_name(action) for action in VALIDATION_ACTIONS)
+POLICY_NAMES: Final = tuple(
+    policy_name(action, sources=sources)
+    for sources in (False, True)
+    for action in VALIDATION_ACTIONS
+)
+
+
+# ------------------------------------------------------------------- written sources
+
+
+def _env_source_expression() -> str:
+    """raw-visible-devices of a ConfigMap or Secret: no key is a guarded name
+    (``env.guarded``). The apiserver folds a Secret's stringData into data first."""
+    kinds = _list(sorted(ENV_SOURCES))
+    test = f"k in {_list(GUARDED_NAMES)} || " + " || ".join(
+        f"k.startsWith({literal(p)})" for p in GUARDED_PREFIXES
+    )
+    return f"!(request.kind.kind in {kinds} && has(object.data) && object.data.exists(k, {test}))"
+
+
+def _claim_expression(policy: Policy) -> str:
+    """gpu-claim of a ResourceClaim, ResourceClaimTemplate or DeviceClass
+    (``objects.object_findings``)."""
+    classes = _list(sorted(policy.gpu_device_classes))
+    request = (
+        f"(has(r.deviceClassName) && r.deviceClassName in {classes}) || "
+        f"(has(r.exactly) && has(r.exactly.deviceClassName) && "
+        f"r.exactly.deviceClassName in {classes}) || (has(r.firstAvailable) && "
+        f"r.firstAvailable.exists(x, has(x.deviceClassName) && x.deviceClassName in {classes}))"
+    )
+    claims = " || ".join(
+        f"(request.kind.kind == {literal(kind)} && "
+        f"{_get('object', (*path, 'devices', 'requests'))}.exists(r, {request}))"
+        for kind, path in (
+            ("ResourceClaim", ("spec",)),
+            ("ResourceClaimTemplate", ("spec", "spec")),
+        )
+    )
+    if not policy.gpu_device_classes:
+        claims = "false"
+    allowed = _glob_test("request.namespace", policy.claim_namespaces)
+    name = "object.spec.extendedResourceName"
+    served = [f"{name} in {_list(sorted(policy.gpu_resources))}"] if policy.gpu_resources else []
+    served.extend(f"{name}.startsWith({literal(p)})" for p in sorted(set(policy.mig_prefixes)))
+    device_class = (
+        f"request.kind.kind == {literal(DEVICE_CLASS)} && has(object.spec) && "
+        f"has({name}) && ({' || '.join(served) or 'false'})"
+    )
+    return f"!((!({allowed}) && ({claims})) || ({device_class}))"
 
 
 def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]) -> list[Obj]:
@@ -806,6 +950,97 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
                     "policyName": name,
                     "validationActions": list(validation_actions),
                     "matchResources": match_constraints(namespace),
+                },
+            }
+        )
+    objects.extend(_source_policies(policy, namespace))
+    return objects
+
+
+# The written objects pods take env and devices from (objects.JUDGED_KINDS).
+_SOURCE_RULES: Final = (
+    ("", ("configmaps", "secrets"), "Namespaced"),
+    ("resource.k8s.io", ("resourceclaims", "resourceclaimtemplates"), "Namespaced"),
+    ("resource.k8s.io", ("deviceclasses",), "Cluster"),
+)
+SOURCE_MESSAGES: Final[Mapping[str, str]] = {
+    "raw-visible-devices": "a ConfigMap or Secret may not hold NVIDIA_VISIBLE_DEVICES, "
+    "CUDA_VERSION, a HAMi-core switch or limit as a key: envFrom would hand it to containers "
+    "unjudged; remove the key and set what a pod needs in its own env",
+    "gpu-claim": "a claim on a GPU device class outside the namespaces that may claim GPUs, or a "
+    "DeviceClass serving a GPU-sharing resource, hands out GPUs the sharing scheduler never "
+    "counts; request GPU slices in resources.limits",
+}
+
+
+def _source_constraints(namespace: str) -> Obj:
+    constraints = match_constraints(namespace)
+    constraints["resourceRules"] = [
+        {
+            "apiGroups": [group],
+            "apiVersions": ["v1"],
+            "resources": list(resources),
+            "operations": ["CREATE", "UPDATE"],
+            "scope": scope,
+        }
+        for group, resources, scope in _SOURCE_RULES
+    ]
+    return constraints
+
+
+def _source_policies(policy: Policy, namespace: str) -> list[Obj]:
+    """Per action: the write-time guards on ConfigMaps, Secrets and DRA objects, in a
+    policy of their own so that a ConfigMap write evaluates two expressions, not the pod
+    rules' variables."""
+    expressions = {
+        "raw-visible-devices": _env_source_expression(),
+        "gpu-claim": _claim_expression(policy),
+    }
+    by_action: dict[Action, list[Obj]] = {}
+    for rule, expression in expressions.items():
+        action = policy.action(rule)
+        if action != "off":
+            by_action.setdefault(action, []).append(
+                {
+                    "expression": expression,
+                    "message": f"[{rule}] {SOURCE_MESSAGES[rule]}",
+                    "reason": "Forbidden",
+                }
+            )
+    # Only what could break a rule is evaluated: data to judge, or a DRA object.
+    relevant: Obj = {
+        "name": "gpushare.io/source-relevant",
+        "expression": "has(object.data) || request.resource.group == 'resource.k8s.io'",
+    }
+    conditions = [relevant, *match_conditions(policy)]
+    objects: list[Obj] = []
+    for action, validation_actions in VALIDATION_ACTIONS.items():
+        validations = by_action.get(action)
+        if not validations:
+            continue
+        name = policy_name(action, sources=True)
+        objects.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": POLICY_KIND,
+                "metadata": {"name": name, "labels": dict(LABELS)},
+                "spec": {
+                    "failurePolicy": "Fail",
+                    "matchConstraints": _source_constraints(namespace),
+                    "matchConditions": [dict(c) for c in conditions],
+                    "validations": validations,
+                },
+            }
+        )
+        objects.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": BINDING_KIND,
+                "metadata": {"name": name, "labels": dict(LABELS)},
+                "spec": {
+                    "policyName": name,
+                    "validationActions": list(validation_actions),
+                    "matchResources": _source_constraints(namespace),
                 },
             }
         )

@@ -13,9 +13,17 @@ condition that catches it:
 - GPU requests (every rule that needs one, the mutation, the mode): a resource name of
   the policy, or one with a MIG prefix, in the limits or requests of any container,
   init container or ephemeral container.
-- raw-visible-devices (any pod): an env entry named ``NVIDIA_VISIBLE_DEVICES``; with the
+- raw-visible-devices and the void (any pod): an env entry named ``CUDA_VERSION`` or
+  ``NVIDIA_*`` (``NVIDIA_VISIBLE_DEVICES`` is judged, the others get the containers that
+  ask for no GPU ``NVIDIA_VISIBLE_DEVICES=void``); an ``envFrom`` with a prefix; with the
   policy's ``cluster.configMapEnv`` / ``secretEnv``, any ``envFrom`` of a ConfigMap /
   Secret (its keys are known only to the cluster view).
+- gpu-claim: a resource ``deviceclass.resource.kubernetes.io/<class>`` of the policy's
+  GPU device classes (counted as a GPU request above). ConfigMaps, Secrets and DRA
+  objects are judged by the ValidatingAdmissionPolicies (:mod:`webhook.install.celpolicy`),
+  not sent to the webhooks.
+- host namespaces, CAP_SYS_ADMIN, claims beside sharing resources: only in GPU pods,
+  which are sent already.
 - host-device-access (any pod): any hostPath volume (the protected paths are compared
   after normalisation, which CEL cannot do; a hostPath is rare enough to send them all);
   a mount whose path contains ``nvidia-container-devices``; a mount or volume with a
@@ -51,11 +59,14 @@ from webhook.core.injection import (
 )
 from webhook.core.policy import Policy
 from webhook.core.resources import CONTAINER_KINDS
+from webhook.core.rules import DEVICE_CLASS_RESOURCE
 from webhook.core.workload import TEMPLATE_PATHS
 
 CONDITION_NAME: Final = "gpushare.io/gpu-relevant"
 
 VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+CUDA_VERSION: Final = "CUDA_VERSION"
+NVIDIA_PREFIX: Final = "NVIDIA_"
 DEVICE_REQUEST_MARK: Final = "nvidia-container-devices"
 CDI_MARK: Final = "cdi.k8s.io/"
 INJECTED_VOLUMES: Final = (
@@ -119,6 +130,10 @@ def _resource_test(policy: Policy, var: str) -> str:
     if policy.gpu_resources:
         terms.append(f"{var} in {_list(sorted(policy.gpu_resources))}")
     terms.extend(f"{var}.startsWith({literal(p)})" for p in sorted(set(policy.mig_prefixes)))
+    if policy.gpu_device_classes:
+        # DRA's extended resources for the GPU device classes (gpu-claim).
+        classes = sorted(DEVICE_CLASS_RESOURCE + c for c in policy.gpu_device_classes)
+        terms.append(f"{var} in {_list(classes)}")
     return " || ".join(terms) or "false"
 
 
@@ -146,7 +161,12 @@ def _container_test(policy: Policy, c: str) -> str:
             f"has({c}.resources) && ("
             f"(has({c}.resources.limits) && {c}.resources.limits.exists(r, {gpu})) || "
             f"(has({c}.resources.requests) && {c}.resources.requests.exists(r, {gpu})))",
-            f"has({c}.env) && {c}.env.exists(e, has(e.name) && e.name == {literal(VISIBLE_DEVICES)})",
+            # NVIDIA_VISIBLE_DEVICES is judged; CUDA_VERSION and the other NVIDIA_* names
+            # get the containers that ask for no GPU their void.
+            f"has({c}.env) && {c}.env.exists(e, has(e.name) && "
+            f"(e.name == {literal(CUDA_VERSION)} || e.name.startsWith({literal(NVIDIA_PREFIX)})))",
+            # A prefix can spell a guarded name from a key the write-time guard allowed.
+            f"has({c}.envFrom) && {c}.envFrom.exists(s, has(s.prefix) && s.prefix != '')",
             f"has({c}.volumeMounts) && {c}.volumeMounts.exists(m, "
             f"(has(m.mountPath) && m.mountPath.contains({literal(DEVICE_REQUEST_MARK)})) || "
             f"(has(m.name) && m.name in {_list(INJECTED_VOLUMES)}))",
