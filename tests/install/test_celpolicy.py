@@ -8,6 +8,7 @@ import fnmatch
 import io
 import re
 from contextlib import redirect_stdout
+from typing import Any
 
 import yaml
 from hypothesis import given
@@ -120,7 +121,7 @@ def test_one_policy_and_binding_per_action_holding_its_rules() -> None:
     )
 
 
-def pod_policies(objects: list[Obj]) -> list[Obj]:
+def pod_policies(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The policies (and bindings) of pods and workloads, not of their sources."""
     return [o for o in objects if not o["metadata"]["name"].endswith(celpolicy.SOURCES_SUFFIX)]
 
