@@ -751,6 +751,90 @@ def device_request_paths(draw: st.DrawFn) -> str:
     return draw(spelled(draw(st.sampled_from(DEVICE_REQUEST_DIRS)) + leaf))
 
 
+# capabilities.add entries: CAP_SYS_ADMIN however spelled (runtimes upper-case them, as
+# Python does: the long s upper-cases to S), and others.
+CAPABILITIES: Final = (
+    "SYS_ADMIN",
+    "CAP_SYS_ADMIN",
+    "sys_admin",
+    "Cap_Sys_Admin",
+    "ALL",
+    "all",
+    "\u017fys_admin",
+    "NET_ADMIN",
+    "SYS_PTRACE",
+    " SYS_ADMIN",
+)
+# The host's GPU stack (rules.STACK_ROOTS and the driver files), and beside it.
+STACK_PATHS: Final = (
+    "/sys",
+    "/sys/bus/pci/devices/0000:3b:00.0/remove",
+    "/sys/module/nvidia",
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib/x86_64-linux-gnu/libcuda.so.1",
+    "/lib/x86_64-linux-gnu/libnvidia-ml.so.1",
+    "/usr/lib64",
+    "/opt/driver/libcuda.so.580",
+    "/usr/bin/nvidia-smi",
+    "/usr/local/bin/nvidia-ctk",
+    "/usr/bin/nvidia-container-runtime-hook",
+    "/lib",
+    "/usr/share",
+    "/opt/libcudart.so",
+    "/sysroot",
+)
+# envFrom prefixes: ones that spell a guarded name with some key, and ones that cannot.
+ENV_PREFIXES: Final = (
+    "NVIDIA_",
+    "NVIDIA_VISIBLE_",
+    "CUDA_",
+    "CUDA_DEVICE_MEMORY_LIMIT_",
+    "GPU_",
+    "APP_",
+    "NVIDIA_VISIBLE_DEVICES",
+    "",
+    "X",
+)
+# DRA's extended resources of device classes (DRAExtendedResource).
+CLASS_RESOURCES: Final = (
+    "deviceclass.resource.kubernetes.io/gpu.nvidia.com",
+    "deviceclass.resource.kubernetes.io/mig.nvidia.com",
+    "deviceclass.resource.kubernetes.io/example.com-fpga",
+)
+
+
+@st.composite
+def legacy_env(draw: st.DrawFn) -> list[Obj]:
+    """CUDA_VERSION, and sometimes what makes the image no legacy one after all."""
+    version: Obj = draw(
+        st.sampled_from(
+            [
+                {"name": "CUDA_VERSION", "value": "9.0"},
+                {"name": "CUDA_VERSION", "value": "12.4.1"},
+                {"name": "CUDA_VERSION", "value": ""},
+                {"name": "CUDA_VERSION", "valueFrom": VALUE_FROM[1]},
+            ]
+        )
+    )
+    entries = [version]
+    extra = draw(
+        st.sampled_from(
+            [
+                None,
+                None,
+                {"name": "NVIDIA_REQUIRE_CUDA", "value": "cuda>=9.0"},
+                {"name": "NVIDIA_REQUIRE_CUDA", "value": ""},
+                {"name": "NVIDIA_REQUIRE_CUDA", "value": "$(X)"},
+                {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
+                {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "compute"},
+            ]
+        )
+    )
+    if extra is not None:
+        entries.append(extra)
+    return entries
+
+
 # Env names an attacker combines: the switches, and variables to reference from them.
 _ATTACK_ENV: Final = (
     *["CUDA_DISABLE_CONTROL"] * 3,
@@ -784,6 +868,12 @@ def attack_env(draw: st.DrawFn) -> list[Obj]:
 _ATTACKS: Final = (
     *["env"] * 3,
     "privileged",
+    "capability",
+    "hostNamespace",
+    *["cuda-legacy"] * 2,
+    "env-prefix",
+    "stack-path",
+    "claim",
     "nodeName",
     *["hostPath"] * 2,
     "annotation",
@@ -841,6 +931,49 @@ def attacked_pods(draw: st.DrawFn, attacks: Sequence[str] = _ATTACKS) -> Obj:
             env[at:at] = draw(attack_env())
         elif attack == "privileged":
             target["securityContext"] = {"privileged": True}
+        elif attack == "capability":
+            caps = draw(st.lists(st.sampled_from(CAPABILITIES), min_size=1, max_size=2))
+            target["securityContext"] = {"capabilities": {"add": caps}}
+        elif attack == "hostNamespace":
+            spec[draw(st.sampled_from(["hostPID", "hostIPC"]))] = True
+        elif attack == "cuda-legacy":
+            env = target.setdefault("env", [])
+            if not isinstance(env, list):
+                continue
+            env.extend(draw(legacy_env()))
+            if draw(st.integers(0, 2)) == 0:
+                debugger: Obj = {"name": "debugger", "image": "busybox:1.36"}
+                debugger["env"] = draw(legacy_env())
+                _add_container(spec, "ephemeralContainers", debugger)
+        elif attack == "env-prefix":
+            source = {"prefix": draw(st.sampled_from(ENV_PREFIXES)), "configMapRef": {"name": "e"}}
+            sources = target.setdefault("envFrom", [])
+            if isinstance(sources, list):
+                sources.append(source)
+        elif attack == "stack-path":
+            volumes = spec.setdefault("volumes", [])
+            volumes[:] = [v for v in volumes if v.get("name") != "stack"]
+            volumes.append(
+                {
+                    "name": "stack",
+                    "hostPath": {"path": draw(spelled(draw(st.sampled_from(STACK_PATHS))))},
+                }
+            )
+            stack_mount: Obj = {"name": "stack", "mountPath": "/host"}
+            if draw(st.booleans()):
+                stack_mount["readOnly"] = True
+            _add_mount(target, stack_mount)
+        elif attack == "claim":
+            resources = target.setdefault("resources", {})
+            if not isinstance(resources, dict):
+                continue
+            if draw(st.booleans()):
+                spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+                resources["claims"] = [{"name": "gpu"}]
+            else:
+                limits = resources.setdefault("limits", {})
+                if isinstance(limits, dict):
+                    limits[draw(st.sampled_from(CLASS_RESOURCES))] = "1"
         elif attack == "nodeName":
             spec["nodeName"] = "gpu-node-7"
         elif attack == "hostPath":

@@ -328,6 +328,114 @@ def should_block(pod: Mapping[str, Any]) -> list[str]:
     return reasons
 
 
+# The threat model's families (docs/threat-model.md), from the sources of what reads them.
+# containerd and CRI-O upper-case capability names (Go's strings.ToUpper) and add CAP_;
+# the NVIDIA toolkit's isPrivileged() tests for CAP_SYS_ADMIN.
+SYS_ADMIN_NAMES: Final = frozenset({"CAP_SYS_ADMIN", "CAP_ALL"})
+# Names a tenant must not hand a container through an envFrom prefix.
+GUARDED_ENV: Final = (
+    "NVIDIA_VISIBLE_DEVICES",
+    "CUDA_VERSION",
+    "CUDA_DISABLE_CONTROL",
+    "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_REDIRECT",
+    "ACTIVE_OOM_KILLER",
+)
+# The host's GPU stack: sysfs, the driver's libraries and tools, the runtime's hook.
+GPU_STACK_DIRS: Final = (
+    "/sys",
+    "/usr/lib/x86_64-linux-gnu",
+    "/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/bin/nvidia-smi",
+    "/usr/bin/nvidia-container-runtime-hook",
+)
+GPU_STACK_FILES: Final = ("libcuda", "libnvidia-", "nvidia-smi", "nvidia-container-", "nvidia-ctk")
+GPU_DEVICE_CLASSES: Final = ("gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com")
+
+
+def _capability(name: str) -> str:
+    upper = name.upper()
+    return upper if upper.startswith("CAP_") else "CAP_" + upper
+
+
+def _gets_a_gpu(container: Mapping[str, Any]) -> bool:
+    """A device plugin or DRA hands the container a GPU: its NVIDIA_VISIBLE_DEVICES is
+    theirs, not the image's."""
+    resources = container.get("resources")
+    if isinstance(resources, Mapping) and resources.get("claims"):
+        return True
+    return any(
+        "gpu" in n.lower() or n.startswith("nvidia.com/mig-") for n in _resource_names(container)
+    )
+
+
+def family_reasons(pod: Mapping[str, Any]) -> list[str]:
+    """Why the pod the kubelet will run (after the mutation) must be refused under the
+    threat model's families, or []."""
+    spec = pod.get("spec")
+    if not isinstance(spec, Mapping):
+        return []
+    gpu_names = _gpu_names(spec)
+    reasons: list[str] = []
+    writable: set[Any] = set()
+    for container in _containers(spec):
+        context = container.get("securityContext")
+        caps = context.get("capabilities") if isinstance(context, Mapping) else None
+        added = caps.get("add") if isinstance(caps, Mapping) else None
+        if (
+            gpu_names
+            and isinstance(added, list)
+            and any(isinstance(c, str) and _capability(c) in SYS_ADMIN_NAMES for c in added)
+        ):
+            reasons.append("privileged-gpu")
+        env = kubelet_env(container)
+        version, require = env.get("CUDA_VERSION"), env.get("NVIDIA_REQUIRE_CUDA")
+        if (
+            not _gets_a_gpu(container)
+            and "NVIDIA_VISIBLE_DEVICES" not in env
+            and (version is UNKNOWN or version)
+            and (require is UNKNOWN or not require)
+        ):
+            reasons.append("raw-visible-devices")  # a legacy image: every GPU
+        sources = container.get("envFrom")
+        for source in sources if isinstance(sources, list) else []:
+            prefix = source.get("prefix") if isinstance(source, Mapping) else None
+            if (
+                isinstance(prefix, str)
+                and prefix
+                and any(n.startswith(prefix) and n != prefix for n in GUARDED_ENV)
+            ):
+                reasons.append("raw-visible-devices")
+        for mount in _mounts(container):
+            if mount.get("readOnly") is not True:
+                writable.add(mount.get("name"))
+        for name in _resource_names(container):
+            if (
+                name.startswith("deviceclass.resource.kubernetes.io/")
+                and name.split("/", 1)[1] in GPU_DEVICE_CLASSES
+            ):
+                reasons.append("gpu-claim")
+    if gpu_names and spec.get("hostPID") is True:
+        reasons.append("host-device-access")
+    sharing = {n for n in gpu_names if not n.startswith("nvidia.com/mig-")}
+    claims = spec.get("resourceClaims")
+    if sharing and isinstance(claims, list) and claims:
+        reasons.append("gpu-claim")
+    volumes = spec.get("volumes")
+    for volume in volumes if isinstance(volumes, list) else []:
+        host = volume.get("hostPath") if isinstance(volume, Mapping) else None
+        path = host.get("path") if isinstance(host, Mapping) else None
+        if not isinstance(path, str) or volume.get("name") not in writable:
+            continue
+        path = _normalise(path)
+        if any(_under(path, d) or _under(d, path) for d in GPU_STACK_DIRS) or path.rsplit("/", 1)[
+            -1
+        ].startswith(GPU_STACK_FILES):
+            reasons.append("host-device-access")
+    return reasons
+
+
 def writable_shared_mounts(pod: Mapping[str, Any]) -> list[str]:
     """Why the pod the kubelet will run (after the mutation) must be refused for a
     writable mount of a host volume every GPU pod of the node shares, or []."""
@@ -361,7 +469,8 @@ def assert_no_bypass(kind: str, obj: Obj) -> None:
     entry = review_object(obj, DEFAULT_POLICY)
     if entry["allowed"]:
         final = template_of(entry["object"], kind)
-        reasons += writable_shared_mounts(final) if isinstance(final, Mapping) else []
+        if isinstance(final, Mapping):
+            reasons += writable_shared_mounts(final) + family_reasons(final)
     assert not (reasons and entry["allowed"]), (
         f"bypass: the oracle blocks for {reasons}, the engine admits"
     )
