@@ -41,6 +41,14 @@ COLLECTIONS: Final[Mapping[str, str]] = {
     "Job": "/apis/batch/v1/namespaces/{ns}/jobs",
     "CronJob": "/apis/batch/v1/namespaces/{ns}/cronjobs",
 }
+# What pods take env and devices from: judged when written (webhook.core.objects).
+SOURCE_COLLECTIONS: Final[Mapping[str, str]] = {
+    "ConfigMap": "/api/v1/namespaces/{ns}/configmaps",
+    "Secret": "/api/v1/namespaces/{ns}/secrets",
+    "ResourceClaim": "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims",
+    "ResourceClaimTemplate": "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates",
+    "DeviceClass": "/apis/resource.k8s.io/v1/deviceclasses",
+}
 API_VERSIONS: Final[Mapping[str, str]] = {
     kind: "/".join(path.split("/")[2:4]) if path.startswith("/apis/") else "v1"
     for kind, path in COLLECTIONS.items()
@@ -71,7 +79,8 @@ class Api:
         }
 
     def create(self, kind: str, namespace: str, obj: Obj, *, dry_run: bool = True) -> Sent:
-        url = self.server + COLLECTIONS[kind].format(ns=namespace)
+        collection = COLLECTIONS.get(kind) or SOURCE_COLLECTIONS[kind]
+        url = self.server + collection.format(ns=namespace)
         if dry_run:
             url += "?dryRun=All"
         response = self.http.request(

@@ -165,8 +165,23 @@ def judged_by_cel(obj: Any) -> Any:
 
 
 def core_denials(obj: Any, namespace: str, policy: Policy = POLICY, **request: Any) -> set[str]:
-    entry = review_object(judged_by_cel(obj), policy, namespace=namespace, **request)
-    return {v["rule"] for v in entry["violations"] if v["action"] == "deny"} & set(RULES)
+    obj = judged_by_cel(obj)
+    entry = review_object(obj, policy, namespace=namespace, **request)
+    denied = {v["rule"] for v in entry["violations"] if v["action"] == "deny"} & set(RULES)
+    # No mutation runs here: a container the webhook would void (a legacy CUDA image) is
+    # seen by the policies as /validate sees what missed the mutation.
+    if entry["allowed"] and isinstance(obj, dict):
+        facts = Request(
+            kind=str(obj.get("kind") or ""),
+            operation=request.get("operation", "CREATE"),
+            namespace=namespace,
+            username=request.get("username", ""),
+            groups=tuple(request.get("groups", ())),
+        )
+        validated = decide(obj, facts, policy, phase="validate")
+        if "raw-visible-devices" in {v["rule"] for v in validated.denials}:
+            denied.add("raw-visible-devices")
+    return denied
 
 
 def _pod(name: str, *containers: Obj, **spec: Any) -> Obj:
@@ -196,6 +211,10 @@ def _env(*pairs: tuple[str, Any]) -> list[Obj]:
 
 
 _FIELD: Final = {"fieldRef": {"fieldPath": "metadata.name"}}
+
+
+def _caps(*names: str) -> Obj:
+    return {"capabilities": {"add": list(names)}}
 
 
 def _mutated(pod: Obj, policy: Policy = POLICY, *, namespace: str = "default") -> Obj:
@@ -325,6 +344,86 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         },
         "host-device-access",
     ),
+    # The threat model's families (docs/threat-model.md).
+    "sys-admin": (
+        _pod("p", _c(), initContainers=[_c("i", gpu=False, securityContext=_caps("sys_admin"))]),
+        "privileged-gpu",
+    ),
+    "sys-admin-long-s": (
+        _pod("p", _c(securityContext=_caps("\u017fys_admin"))),
+        "privileged-gpu",
+    ),
+    "cap-all": (
+        _pod("p", _c(), _c("s", gpu=False, securityContext=_caps("all"))),
+        "privileged-gpu",
+    ),
+    "legacy-cuda": (
+        _pod("p", _c(gpu=False, env=_env(("CUDA_VERSION", "9.0")))),
+        "raw-visible-devices",
+    ),
+    "legacy-cuda-value-from": (
+        _pod("p", _c(), _c("s", gpu=False, env=_env(("CUDA_VERSION", _FIELD)))),
+        "raw-visible-devices",
+    ),
+    "env-from-prefix": (
+        _pod("p", _c(gpu=False, envFrom=[{"prefix": "NVIDIA_", "configMapRef": {"name": "e"}}])),
+        "raw-visible-devices",
+    ),
+    "host-pid": (_pod("p", _c(), hostPID=True), "host-device-access"),
+    "host-ipc-vgpu": (_pod("p", _c(), hostIPC=True), "host-device-access"),
+    "sysfs-writable": (
+        _pod(
+            "p",
+            _c(gpu=False, volumeMounts=[{"name": "s", "mountPath": "/host-sys"}]),
+            volumes=[{"name": "s", "hostPath": {"path": "/sys/bus//pci"}}],
+        ),
+        "host-device-access",
+    ),
+    "driver-library-writable": (
+        _pod(
+            "p",
+            _c(gpu=False, volumeMounts=[{"name": "l", "mountPath": "/l"}]),
+            volumes=[{"name": "l", "hostPath": {"path": "/opt/drv/libcuda.so.1"}}],
+        ),
+        "host-device-access",
+    ),
+    "ack-ledger": (
+        {
+            **_pod("p", _c(resources={"limits": {"aliyun.com/gpu-mem": "3"}})),
+            "metadata": {"name": "p", "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "1"}},
+        },
+        "forged-allocation",
+    ),
+    "volcano-ledger": (
+        {
+            **_pod("p", _c(gpu=False)),
+            "metadata": {"name": "p", "annotations": {"volcano.sh/vgpu-ids-new": "GPU-0"}},
+        },
+        "forged-allocation",
+    ),
+    "claim-beside-slice": (
+        _pod(
+            "p",
+            _c(
+                resources={
+                    "limits": {"nvidia.com/gpumem": "3000"},
+                    "claims": [{"name": "gpu"}],
+                }
+            ),
+            resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
+        ),
+        "gpu-claim",
+    ),
+    "dra-class-resource": (
+        _pod(
+            "p",
+            _c(
+                gpu=False,
+                resources={"limits": {"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "1"}},
+            ),
+        ),
+        "gpu-claim",
+    ),
 }
 
 ADMITTED: Final[dict[str, Obj]] = {
@@ -381,6 +480,26 @@ ADMITTED: Final[dict[str, Obj]] = {
         **_pod("p", _c(gpu=False)),
         "metadata": {"name": "p", "annotations": {"cdi.k8s.io/fpga": "example.com/fpga=0"}},
     },
+    "gpu-net-admin": _pod("p", _c(securityContext=_caps("NET_ADMIN", " SYS_ADMIN"))),
+    "plain-sys-admin-host-pid": _pod(
+        "p", _c(gpu=False, securityContext=_caps("ALL")), hostPID=True
+    ),
+    "cuda-voided": _pod(
+        "p", _c(gpu=False, env=_env(("CUDA_VERSION", "9.0"), ("NVIDIA_VISIBLE_DEVICES", "void")))
+    ),
+    "cuda-required": _pod(
+        "p", _c(gpu=False, env=_env(("CUDA_VERSION", "9.0"), ("NVIDIA_REQUIRE_CUDA", "cuda>=9")))
+    ),
+    "cuda-gpu-container": _pod("p", _c(env=_env(("CUDA_VERSION", "9.0")))),
+    "harmless-prefix": _pod("p", _c(envFrom=[{"prefix": "APP_", "configMapRef": {"name": "e"}}])),
+    "read-only-sysfs": _pod(
+        "p",
+        _c(volumeMounts=[{"name": "s", "mountPath": "/s", "readOnly": True}]),
+        volumes=[{"name": "s", "hostPath": {"path": "/sys"}}],
+    ),
+    "mutated-mps-host-ipc": _mutated(
+        _pod("p", _c(), hostIPC=True, nodeSelector={"ack.node.gpu.schedule": "mps"})
+    ),
 }
 
 
@@ -416,6 +535,86 @@ def test_each_bypass_is_refused_without_the_webhook(api: Api, ns: str, shape: st
     for kind, obj in (("Pod", pod), ("Deployment", _deployment(pod)), ("CronJob", _cronjob(pod))):
         sent = api.create(kind, ns, obj)
         assert vap_rules(sent) == {rule}, (kind, sent.status, sent.body)
+
+
+def _source(kind: str, **fields: Any) -> Obj:
+    version = "v1" if kind in ("ConfigMap", "Secret") else "resource.k8s.io/v1"
+    return {"apiVersion": version, "kind": kind, "metadata": {"name": "s"}, **fields}
+
+
+def _claim_spec(device_class: str) -> Obj:
+    exactly = {"deviceClassName": device_class, "allocationMode": "All"}
+    return {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+
+
+# name -> (kind, object, the rule that refuses it or None)
+SOURCES: Final[dict[str, tuple[str, Obj, str | None]]] = {
+    "config-map-devices": (
+        "ConfigMap",
+        _source("ConfigMap", data={"NVIDIA_VISIBLE_DEVICES": "all"}),
+        "raw-visible-devices",
+    ),
+    "config-map-cuda-version": (
+        "ConfigMap",
+        _source("ConfigMap", data={"LANG": "C", "CUDA_VERSION": "9.0"}),
+        "raw-visible-devices",
+    ),
+    "config-map-limit": (
+        "ConfigMap",
+        _source("ConfigMap", data={"CUDA_DEVICE_MEMORY_LIMIT_0": "80g"}),
+        "raw-visible-devices",
+    ),
+    # The apiserver folds stringData into data before admission.
+    "secret-string-data": (
+        "Secret",
+        _source("Secret", stringData={"CUDA_DISABLE_CONTROL": "true"}),
+        "raw-visible-devices",
+    ),
+    "claim-gpu": (
+        "ResourceClaim",
+        _source("ResourceClaim", spec=_claim_spec("gpu.nvidia.com")),
+        "gpu-claim",
+    ),
+    "template-mig": (
+        "ResourceClaimTemplate",
+        _source("ResourceClaimTemplate", spec={"spec": _claim_spec("mig.nvidia.com")}),
+        "gpu-claim",
+    ),
+    "device-class-serving-gpus": (
+        "DeviceClass",
+        _source("DeviceClass", spec={"extendedResourceName": "nvidia.com/gpu"}),
+        "gpu-claim",
+    ),
+    "config-map-plain": ("ConfigMap", _source("ConfigMap", data={"LANG": "C"}), None),
+    "secret-plain": ("Secret", _source("Secret", stringData={"TOKEN": "x"}), None),
+    "claim-fpga": (
+        "ResourceClaim",
+        _source("ResourceClaim", spec=_claim_spec("fpga.example.com")),
+        None,
+    ),
+    "device-class-plain": ("DeviceClass", _source("DeviceClass", spec={}), None),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(SOURCES))
+def test_env_and_device_sources_are_guarded_without_the_webhook(
+    api: Api, ns: str, shape: str
+) -> None:
+    kind, obj, rule = SOURCES[shape]
+    request = Request(kind=kind, namespace=ns, username="alice")
+    core = {v["rule"] for v in decide(obj, request, POLICY, phase="validate").denials}
+    assert core == ({rule} if rule else set())
+    # The policies load asynchronously; the pod policies' wait does not cover these.
+    deadline = time.monotonic() + 30
+    while True:
+        sent = api.create(kind, ns, obj)
+        if rule is None or vap_rules(sent) or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    if rule is None:
+        assert sent.status == 201, sent.body
+    else:
+        assert vap_rules(sent) == {rule}, (sent.status, sent.body)
 
 
 @pytest.mark.parametrize("shape", sorted(ADMITTED))
