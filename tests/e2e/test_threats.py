@@ -171,8 +171,10 @@ def test_f2_sys_admin_in_a_gpu_pod_is_refused(
     tenancy: str,
     tmp_path: Path,
 ) -> None:
-    caps = {"securityContext": {"capabilities": {"add": ["sys_admin"]}}}
-    sneaky = pod("sneaky", tenancy, container("main", GPU_LIMITS), container("helper", **caps))
+    caps: Obj = {"securityContext": {"capabilities": {"add": ["sys_admin"]}}}
+    sneaky = pod(
+        "sneaky", tenancy, container("main", GPU_LIMITS), container("helper", None, **caps)
+    )
     refused(create(kubectl, sneaky), "privileged-gpu")
     assert create(kubectl, pod("victim", tenancy)).returncode == 0
     refused(debug(kubectl, tenancy, [], caps, tmp_path), "privileged-gpu")
