@@ -5,12 +5,21 @@ dry-run creates of a vGPU pod and of a plain pod, alternating rounds with the we
 configurations registered and unregistered so both see the same machine noise.
 
     .venv/bin/python bench/e2e.py [--creates 240] [--round 40] [--settings webhooks,mutating+cel]
+                                  [--baseline REV]
+
+With ``--baseline REV`` a setting ``webhooks+cel@REV`` joins the rounds: the webhooks
+with the matchConditions, and the CEL policies, that deploy/base held at git revision REV
+(rendered from the default policy then), so a change of scope is measured side by side
+with what it replaces. A ConfigMap create is timed beside the pods: the CEL policies
+judge ConfigMaps and Secrets when they are written.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,13 +45,26 @@ def _pod(name: str) -> dict[str, Any]:
     return pod
 
 
+CONFIG_MAP: dict[str, Any] = {
+    "apiVersion": "v1",
+    "kind": "ConfigMap",
+    "metadata": {"name": "settings", "namespace": "bench"},
+    "data": {"LANG": "C.UTF-8", "NCCL_DEBUG": "INFO", "MODEL": "resnet50"},
+}
+
+
 def _time_creates(core: Any, pod: dict[str, Any], count: int) -> list[float]:
+    create = (
+        core.create_namespaced_config_map
+        if pod.get("kind") == "ConfigMap"
+        else core.create_namespaced_pod
+    )
     samples = []
     for _ in range(count):
         started = time.perf_counter()
         # The raw answer: the client's model deserialisation (milliseconds for a mutated
         # pod, which has more fields) is not the apiserver's or the webhook's time.
-        answer = core.create_namespaced_pod("bench", pod, dry_run="All", _preload_content=False)
+        answer = create("bench", pod, dry_run="All", _preload_content=False)
         if not answer.data:
             raise RuntimeError("the apiserver answered a create with no body")
         samples.append((time.perf_counter() - started) * 1000)
@@ -66,33 +88,79 @@ SETTINGS: dict[str, tuple[bool, bool, bool]] = {
 }
 
 
-def _apply(cluster: DevCluster, setting: str) -> None:
+def _at(revision: str, path: str) -> list[dict[str, Any]]:
+    """The YAML documents of ``path`` at git ``revision``."""
+    text = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{revision}:{path}"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return [doc for doc in yaml.safe_load_all(text) if doc]
+
+
+def baseline(revision: str) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]:
+    """(matchConditions by webhook name, CEL policy objects) of deploy/base at ``revision``."""
+    conditions = {
+        hook["name"]: hook.get("matchConditions", [])
+        for config in _at(revision, "deploy/base/webhookconfigurations.yaml")
+        for hook in config["webhooks"]
+    }
+    return conditions, _at(revision, "deploy/base/celpolicies.yaml")
+
+
+def _apply(cluster: DevCluster, setting: str, baselines: dict[str, Any]) -> None:
     from kubernetes import client
 
-    mutating, validating, cel = SETTINGS[setting]
+    name, _, revision = setting.partition("@")
+    mutating, validating, cel = SETTINGS[name]
     api: Any = client.AdmissionregistrationV1Api(cluster.api_client())
     cluster.unregister_webhooks()
     if mutating:
         cluster.register_webhooks()
         if not validating:
             api.delete_validating_webhook_configuration("gpushare-webhook")
+        if revision:
+            _use_conditions(api, baselines[revision][0])
     present = read_json(api.list_validating_admission_policy_binding(_preload_content=False))
-    if cel and not present["items"]:
-        cluster.register_cel_policies()
-    elif not cel:
-        for item in present["items"]:
-            api.delete_validating_admission_policy_binding(item["metadata"]["name"])
-            api.delete_validating_admission_policy(item["spec"]["policyName"])
+    for item in present["items"]:
+        api.delete_validating_admission_policy_binding(item["metadata"]["name"])
+        api.delete_validating_admission_policy(item["spec"]["policyName"])
+    if cel:
+        cluster.register_cel_policies(copy.deepcopy(baselines[revision][1]) if revision else None)
     api.api_client.close()
     time.sleep(1.5)  # configuration changes reach the admission chain asynchronously
 
 
-def measure(cluster: DevCluster, *, creates: int, round_size: int, settings: list[str]) -> None:
+def _use_conditions(api: Any, conditions: dict[str, list[Any]]) -> None:
+    """Replace the registered webhooks' matchConditions with ``conditions``."""
+    for read, replace in (
+        (api.read_mutating_webhook_configuration, api.replace_mutating_webhook_configuration),
+        (api.read_validating_webhook_configuration, api.replace_validating_webhook_configuration),
+    ):
+        config = read_json(read("gpushare-webhook", _preload_content=False))
+        for hook in config["webhooks"]:
+            hook["matchConditions"] = conditions[hook["name"]]
+        replace("gpushare-webhook", config)
+
+
+def measure(
+    cluster: DevCluster,
+    *,
+    creates: int,
+    round_size: int,
+    settings: list[str],
+    baselines: dict[str, Any],
+) -> None:
     from kubernetes import client
 
     core: Any = client.CoreV1Api(cluster.api_client())
     cluster.create_namespace("bench")
-    pods = {"vGPU pod": _pod("hami-vgpu-pod.yaml"), "plain pod": _pod("plain-pod.yaml")}
+    pods = {
+        "vGPU pod": _pod("hami-vgpu-pod.yaml"),
+        "plain pod": _pod("plain-pod.yaml"),
+        "ConfigMap": CONFIG_MAP,
+    }
     settings = ["none", *[s for s in settings if s != "none"]]
     results: dict[tuple[str, str], list[float]] = {(n, s): [] for n in pods for s in settings}
     for pod in pods.values():  # warm both paths up
@@ -100,12 +168,14 @@ def measure(cluster: DevCluster, *, creates: int, round_size: int, settings: lis
     rounds = max(1, creates // round_size)
     for _ in range(rounds):
         for setting in settings:
-            _apply(cluster, setting)
+            _apply(cluster, setting, baselines)
             for name, pod in pods.items():
                 results[(name, setting)].extend(_time_creates(core, pod, round_size))
-    _apply(cluster, "webhooks")
+    _apply(cluster, "webhooks", baselines)
+    width = max(13, *map(len, settings))
     print(
-        f"{'pod':<10} {'registered':<13} {'n':>5} {'median ms':>10} {'p99 ms':>8} {'overhead':>9}"
+        f"{'object':<10} {'registered':<{width}} {'n':>5} {'median ms':>10} {'p99 ms':>8} "
+        f"{'overhead':>9}"
     )
     for name in pods:
         base = statistics.median(results[(name, "none")])
@@ -113,7 +183,7 @@ def measure(cluster: DevCluster, *, creates: int, round_size: int, settings: lis
             samples = results[(name, setting)]
             median = statistics.median(samples)
             print(
-                f"{name:<10} {setting:<13} {len(samples):>5} {median:>10.2f} "
+                f"{name:<10} {setting:<{width}} {len(samples):>5} {median:>10.2f} "
                 f"{_p99(samples):>8.2f} {median - base:>+8.2f}"
             )
     print("overhead: the median minus the median with nothing registered, same run")
@@ -128,6 +198,11 @@ def main() -> int:
         default="webhooks",
         help=f"comma-separated, compared with none: {', '.join(SETTINGS)} (default: webhooks)",
     )
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also time webhooks+cel with the scope and CEL policies of git revision REV",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp:
         workdir = Path(tmp)
@@ -138,7 +213,17 @@ def main() -> int:
             unknown = sorted(set(settings) - set(SETTINGS))
             if unknown:
                 parser.error(f"unknown settings: {', '.join(unknown)}")
-            measure(cluster, creates=args.creates, round_size=args.round, settings=settings)
+            baselines = {}
+            if args.baseline:
+                baselines[args.baseline] = baseline(args.baseline)
+                settings.append(f"webhooks+cel@{args.baseline}")
+            measure(
+                cluster,
+                creates=args.creates,
+                round_size=args.round,
+                settings=settings,
+                baselines=baselines,
+            )
     return 0
 
 
