@@ -200,6 +200,7 @@ def test_a_new_policy_rewrites_conditions_and_cel_policies(admission: Any, as_ke
         == {
             "gpushare-deny",
             "gpushare-warn",
+            "gpushare-deny-sources",
         }
     )
     denied = rules_of(objects[POLICY_KIND]["gpushare-deny"])
@@ -208,11 +209,13 @@ def test_a_new_policy_rewrites_conditions_and_cel_policies(admission: Any, as_ke
     assert rules_of(objects[POLICY_KIND]["gpushare-warn"]) == ["privileged-gpu"]
     assert objects[BINDING_KIND]["gpushare-warn"]["spec"]["validationActions"] == ["Warn"]
     assert objects[BINDING_KIND]["gpushare-deny"]["spec"]["validationActions"] == ["Deny"]
-    # The deny binding is unchanged: only what differs is written.
-    assert changes[-3:] == [
+    # The deny bindings are unchanged: only what differs is written (the sources policy
+    # carries the policy's exemptions as matchConditions too).
+    assert changes[-4:] == [
         f"{POLICY_KIND} gpushare-deny updated",
         f"{POLICY_KIND} gpushare-warn created",
         f"{BINDING_KIND} gpushare-warn created",
+        f"{POLICY_KIND} gpushare-deny-sources updated",
     ], changes
     # A quiet check writes nothing: the apiserver's defaults are no difference.
     assert keeper.reconcile(changed) == []
@@ -224,7 +227,11 @@ def test_a_new_policy_rewrites_conditions_and_cel_policies(admission: Any, as_ke
         f"{POLICY_KIND} gpushare-warn deleted: the policy no longer renders it",
     ], changes
     objects = cel_objects(admission)
-    assert set(objects[POLICY_KIND]) == set(objects[BINDING_KIND]) == {"gpushare-deny"}
+    assert (
+        set(objects[POLICY_KIND])
+        == set(objects[BINDING_KIND])
+        == {"gpushare-deny", "gpushare-deny-sources"}
+    )
     assert rules_of(objects[POLICY_KIND]["gpushare-deny"]) == list(RULES)
     assert conditions_of(admission) == [[dict(c) for c in match_conditions(DEFAULT_POLICY)]] * 2
 
