@@ -14,7 +14,7 @@ import orjson
 import pytest
 
 from tests.audit.rollout import LOG, write_log
-from tests.paths import ROOT
+from tests.paths import ROOT, documentation
 from webhook.core.rollout import RolloutReport, RolloutRow
 
 
@@ -193,11 +193,11 @@ def test_a_corrupt_gzip_file_is_one_line_and_exit_two(log: Path, tmp_path: Path)
 
 
 def test_the_readme_example_runs_as_written() -> None:
-    readme = (ROOT / "README.md").read_text()
+    readme = documentation()
     found = re.search(
         r"```console\n\$ (gpushare-webhook report [^\n]*)\n(.*?)```", readme, flags=re.DOTALL
     )
-    assert found, "README.md shows `gpushare-webhook report` in a console block"
+    assert found, "the documentation shows `gpushare-webhook report` in a console block"
     command, shown = found.groups()
     result = run(*shlex.split(command)[1:])
     assert result.returncode == 0, result.stderr

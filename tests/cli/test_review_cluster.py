@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 from tests.cli.test_cli import run
-from tests.paths import ROOT
+from tests.paths import documentation
 
-README = (ROOT / "README.md").read_text()
+README = documentation()
 
 
 def test_readme_cluster_example_runs_as_written() -> None:

@@ -35,7 +35,7 @@ from tests.install.chart import (
 )
 from tests.install.test_manifests import strings
 from tests.paths import EXAMPLES as POLICY_EXAMPLES
-from tests.paths import ROOT
+from tests.paths import ROOT, documentation
 from webhook.cli import main
 from webhook.install import celpolicy
 from webhook.install.manifests import cel_policies_text
@@ -360,9 +360,9 @@ def test_bad_values_are_refused(helm: str, settings: list[str], complaint: str) 
 
 
 def readme_helm_commands() -> list[str]:
-    """The README's `helm install` examples, continuation lines joined."""
+    """The documentation's `helm install` examples, continuation lines joined."""
     commands: list[str] = []
-    lines = iter((ROOT / "README.md").read_text("utf-8").splitlines())
+    lines = iter(documentation().splitlines())
     for line in lines:
         if line.startswith("    helm install "):
             command = line.strip()

@@ -239,7 +239,7 @@ def test_bad_policy_at_start_is_one_line(tmp_path: Path) -> None:
 
 def test_readme_curl_example_runs_as_written(server: Server) -> None:
     """The quick start's curl line, against a server started the way `make run` starts it."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "README.md").read_text()  # the quick start stays on the front page
     start = readme.index("    curl -s --cacert certs/ca.crt")
     end = readme.index("base64 -d", start) + len("base64 -d")
     command = readme[start:end].replace("localhost:8443", f"localhost:{server.port}")

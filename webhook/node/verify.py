@@ -472,7 +472,7 @@ def to_json(report: Report) -> dict[str, Any]:
 _SUMMARY: Final[Mapping[Verdict, str]] = {
     ENFORCED: "every device with a limit refused memory past its cap",
     NOT_ENFORCED: "a memory cap is NOT enforced in this container (see the notes, and "
-    "'Checking a node' in the README)",
+    "docs/verify.md in the project)",
     NO_LIMIT: "no memory limit in this container's environment: it did not go through the "
     "webhook's vGPU or MPS mutation (MIG and plain pods have none)",
     NO_GPU: "no GPU is visible in this container",
