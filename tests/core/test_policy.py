@@ -332,6 +332,10 @@ def test_a_count_resource_goes_with_its_vendors_slices() -> None:
 )
 def test_reserved_annotations_match_as_globs(patterns: list[str], key: str, reserved: bool) -> None:
     text = yaml.safe_dump(
-        {"apiVersion": API_VERSION, "kind": KIND, "spec": {"reservedAnnotations": patterns}}
+        {
+            "apiVersion": API_VERSION,
+            "kind": KIND,
+            "spec": {"reservedAnnotations": patterns, "ledgers": []},
+        }
     )
     assert parse_policy(text).is_reserved_annotation(key) is reserved

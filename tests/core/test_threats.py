@@ -51,6 +51,10 @@ from webhook.policies import DEFAULT_POLICY, load_policy
 Obj = dict[str, Any]
 
 CUDA_VERSION: Final = {"name": "CUDA_VERSION", "value": "9.0"}
+ACK_EXTENDER: Final[User] = (
+    "system:serviceaccount:kube-system:gpushare-schd-extender",
+    ("system:serviceaccounts", "system:serviceaccounts:kube-system", "system:authenticated"),
+)
 VOID: Final = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
 
 
@@ -402,11 +406,24 @@ def test_tenant_writing_volcanos_ledger_by_update_is_refused(key: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "writer", [SCHEDULER, DEVICE_PLUGIN, VOLCANO_SCHEDULER], ids=["hami", "hami-dp", "volcano"]
+    ("writer", "base", "ledger", "own"),
+    [
+        pytest.param(VOLCANO_SCHEDULER, VOLCANO_POD, VOLCANO_LEDGER, True, id="volcano-own"),
+        pytest.param(ACK_EXTENDER, ACK_POD, ACK_LEDGER, True, id="ack-own"),
+        pytest.param(SCHEDULER, VOLCANO_POD, VOLCANO_LEDGER, False, id="hami-on-volcano"),
+        pytest.param(DEVICE_PLUGIN, ACK_POD, ACK_LEDGER, False, id="hami-dp-on-ack"),
+        pytest.param(VOLCANO_SCHEDULER, ACK_POD, ACK_LEDGER, False, id="volcano-on-ack"),
+    ],
 )
-def test_the_schedulers_still_write_their_ledgers(writer: User) -> None:
-    old = stored(VOLCANO_POD)
-    assert_clean(update(old, annotated(old, VOLCANO_LEDGER), user=writer))
+def test_each_ledger_is_written_by_its_own_scheduler_only(
+    writer: User, base: Obj, ledger: Mapping[str, str], own: bool
+) -> None:
+    old = stored(base)
+    verdict = update(old, annotated(old, ledger), user=writer)
+    if own:
+        assert_clean(verdict)
+    else:
+        assert_refused(verdict, "forged-allocation")
 
 
 def test_the_mode_annotation_stays_the_users() -> None:

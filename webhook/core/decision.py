@@ -128,9 +128,8 @@ def _examine(
         operation=request.operation,
         phase=phase,
         injection=injection_for(choice.mode, policy) if requests.sharing else NOTHING,
-        # Only a request that touches annotations needs to know who makes it.
-        allocator=(bool(annotations) or previous is not None)
-        and policy.reserved_writers.match(request.username, request.groups),
+        username=request.username,
+        groups=request.groups,
         previous=previous,
         namespace=namespace,
     )

@@ -202,6 +202,19 @@ SCHEMA: Final[dict[str, Any]] = {
                 },
                 "reservedAnnotations": _STRINGS,
                 "reservedAnnotationWriters": _IDENTITIES,
+                "ledgers": {
+                    "type": "array",
+                    "items": {
+                        "type": "object",
+                        "additionalProperties": False,
+                        "required": ["name", "annotations", "writers"],
+                        "properties": {
+                            "name": {"type": "string", "minLength": 1},
+                            "annotations": _STRINGS,
+                            "writers": _IDENTITIES,
+                        },
+                    },
+                },
                 "dra": {
                     "type": "object",
                     "additionalProperties": False,
@@ -282,6 +295,25 @@ _SERVICE_ACCOUNT: Final = "system:serviceaccount:"
 
 
 @dataclass(frozen=True, slots=True)
+class Ledger:
+    """Annotations one scheduler and its device plugin keep (globs), and who writes them."""
+
+    name: str
+    annotations: tuple[str, ...]
+    writers: Identities
+    # annotations as one compiled pattern: a glob match per key and pattern (fnmatch)
+    # costs microseconds on every request.
+    pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        globs = [fnmatch.translate(p) for p in self.annotations] or ["(?!)"]
+        object.__setattr__(self, "pattern", re.compile("|".join(globs)))
+
+    def reserves(self, key: str) -> bool:
+        return self.pattern.match(key) is not None
+
+
+@dataclass(frozen=True, slots=True)
 class Identities:
     """Users, groups and service accounts (``namespace/name`` globs) a policy names."""
 
@@ -333,8 +365,9 @@ class Policy:
     mps_pipe_directory: str
     mps_node_selector: Mapping[str, str]
     actions: Mapping[str, Action]
+    # Every reserved annotation glob (each ledger's), and the ledgers that reserve them.
     reserved_annotations: tuple[str, ...]
-    reserved_writers: Identities
+    ledgers: tuple[Ledger, ...]
     exempt_namespaces: tuple[str, ...]
     exempt: Identities
     host_path_mode: Literal["denylist", "allowlist"]
@@ -428,6 +461,14 @@ class Policy:
 
     def mode_allowed(self, mode: str, namespace: str) -> bool:
         return match_any(namespace, self.allowed_namespaces.get(mode, ()))
+
+    def forbidden_to(self, key: str, username: str, groups: Iterable[str]) -> Ledger | None:
+        """The first ledger reserving ``key`` whose writers do not include the requester
+        (a key several ledgers reserve needs a writer of each), or None."""
+        for ledger in self.ledgers:
+            if ledger.reserves(key) and not ledger.writers.match(username, groups):
+                return ledger
+        return None
 
     def is_reserved_annotation(self, key: str) -> bool:
         # The literal prefixes turn nearly every key away before the pattern runs.
@@ -637,8 +678,15 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         mps_pipe_directory=spec["mps"]["pipeDirectory"],
         mps_node_selector=dict(spec["mps"]["nodeSelector"]),
         actions={rule: spec["rules"].get(rule, "deny") for rule in RULE_IDS},
-        reserved_annotations=tuple(spec["reservedAnnotations"]),
-        reserved_writers=_identities(spec["reservedAnnotationWriters"]),
+        reserved_annotations=tuple(
+            dict.fromkeys(
+                [
+                    *spec["reservedAnnotations"],
+                    *(g for ledger in spec["ledgers"] for g in ledger["annotations"]),
+                ]
+            )
+        ),
+        ledgers=_ledgers(spec),
         exempt_namespaces=tuple(exemptions["namespaces"]),
         exempt=_identities(exemptions),
         host_path_mode=spec["hostPaths"]["mode"],
@@ -760,6 +808,27 @@ def _mig_problems(policy: Policy) -> list[tuple[list[Any], str]]:
 
 def _maxima(raw: Mapping[str, int]) -> Maxima:
     return Maxima(gpus=raw.get("gpus"), memory_mib=raw.get("memoryMiB"), cores=raw.get("cores"))
+
+
+def _ledgers(spec: Mapping[str, Any]) -> tuple[Ledger, ...]:
+    """The policy's ledgers, and one for reservedAnnotations with reservedAnnotationWriters."""
+    ledgers = [
+        Ledger(
+            name=raw["name"],
+            annotations=tuple(raw["annotations"]),
+            writers=_identities(raw["writers"]),
+        )
+        for raw in spec["ledgers"]
+    ]
+    if spec["reservedAnnotations"]:
+        ledgers.append(
+            Ledger(
+                name="reservedAnnotations",
+                annotations=tuple(spec["reservedAnnotations"]),
+                writers=_identities(spec["reservedAnnotationWriters"]),
+            )
+        )
+    return tuple(ledgers)
 
 
 def _identities(raw: Mapping[str, Any]) -> Identities:

@@ -121,8 +121,9 @@ class Subject:
     phase: Phase
     # What the mutation injects for this pod (nothing unless it shares a GPU).
     injection: Injection
-    # The request comes from an identity the policy lets write reserved annotations.
-    allocator: bool = False
+    # Who makes the request: the ledgers' writers may change their annotations.
+    username: str = ""
+    groups: tuple[str, ...] = ()
     # On an UPDATE of a pod: the annotations before it.
     previous: Mapping[str, Any] | None = None
     namespace: str = ""
@@ -675,12 +676,14 @@ def scheduler_bypass(subject: Subject, policy: Policy) -> Iterator[Finding]:
 
 
 def forged_allocation(subject: Subject, policy: Policy) -> Iterator[Finding]:
-    if subject.allocator:
-        return
     annotations = as_mapping(as_mapping(subject.view.metadata).get("annotations"))
     if subject.created:
         for key in annotations:
-            if isinstance(key, str) and policy.is_reserved_annotation(key):
+            if (
+                isinstance(key, str)
+                and policy.is_reserved_annotation(key)
+                and policy.forbidden_to(key, subject.username, subject.groups) is not None
+            ):
                 yield Finding(
                     "forged-allocation",
                     f"annotation {key} is written by the GPU scheduler only; remove it",
@@ -693,6 +696,8 @@ def forged_allocation(subject: Subject, policy: Policy) -> Iterator[Finding]:
     # wrote: removing an allocation frees it in the scheduler's ledger.
     keys = {k for k in (*before, *annotations) if isinstance(k, str)}
     for key in sorted(k for k in keys if policy.is_reserved_annotation(k)):
+        if policy.forbidden_to(key, subject.username, subject.groups) is None:
+            continue
         if key not in before:
             change = "added"
         elif key not in annotations:

@@ -75,7 +75,7 @@ from typing import Any, Final
 from webhook.core.env import GUARDED_NAMES, GUARDED_PREFIXES
 from webhook.core.injection import injection_for
 from webhook.core.objects import DEVICE_CLASS, ENV_SOURCES
-from webhook.core.policy import DEFAULT_SCHEDULER, Action, Identities, Policy
+from webhook.core.policy import DEFAULT_SCHEDULER, Action, Identities, Ledger, Policy
 from webhook.core.resources import CONTAINER_KINDS
 from webhook.core.rules import (
     _CONFIG_ROOTS,
@@ -745,12 +745,10 @@ def _claims(policy: Policy) -> str:
     return f"!(variables.created && ({' || '.join(f'({t})' for t in terms)}))"
 
 
-def _reserved(policy: Policy, key: str) -> str:
-    return _glob_test(key, policy.reserved_annotations) if policy.reserved_annotations else "false"
-
-
-def _forged(policy: Policy) -> str:
-    reserved = _reserved(policy, "k")
+def _forged_in(ledger: Ledger) -> str:
+    """A reserved annotation of ``ledger`` set at create, or added, changed or removed by a
+    pod update, by an identity that is not one of its writers."""
+    reserved = _glob_test("k", ledger.annotations) if ledger.annotations else "false"
     created = f"variables.created && variables.annotations.exists(k, {reserved})"
     new, old = "variables.annotations", "variables.oldAnnotations"
     updated = (
@@ -758,8 +756,14 @@ def _forged(policy: Policy) -> str:
         f"{new}.exists(k, ({reserved}) && !(k in {old} && {old}[k] == {new}[k])) || "
         f"{old}.exists(k, ({reserved}) && !(k in {new})))"
     )
-    writer = identity_test(policy.reserved_writers)
-    return f"({writer}) || !(({created}) || ({updated}))"
+    return f"!({identity_test(ledger.writers)}) && (({created}) || ({updated}))"
+
+
+def _forged(policy: Policy) -> str:
+    """forged-allocation: no ledger's annotations touched by anyone but its writers (a key
+    several ledgers reserve needs a writer of each, as ``Policy.forbidden_to``)."""
+    terms = [_forged_in(ledger) for ledger in policy.ledgers]
+    return "!(" + (" || ".join(f"({t})" for t in terms) or "false") + ")"
 
 
 def rule_expressions(policy: Policy) -> dict[str, str]:
