@@ -44,6 +44,7 @@ from webhook.core.scan import (
     Status,
     judge_pod,
     judge_view,
+    read_facts,
     report_body,
     same_report,
     scan_view,
@@ -206,7 +207,7 @@ class ReportKeeper:
     def _judge(self, key: tuple[str, str], policy: Policy, view: Any) -> None:
         namespace, name = key
         facts = self._watch.pods.get(key)
-        found = judge_pod(orjson.loads(facts), policy, cluster=view) if facts else ()
+        found = judge_pod(read_facts(facts), policy, cluster=view) if facts else ()
         held = self._pods.get(namespace)
         if found:
             if held is None:

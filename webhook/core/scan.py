@@ -21,12 +21,13 @@ Exemptions by namespace hold. Exemptions by user, group or service account canno
 a pod does not record who created it (Kyverno's background scans have the same limit).
 
 Everything here is pure: the watching edge keeps pods as the compact bytes of
-:func:`pod_facts`, and the writing edge turns :class:`Result` lists into report
+:func:`pod_facts` (read back with :func:`read_facts`), and the writing edge turns :class:`Result` lists into report
 objects with :func:`report_body`.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final, Literal, TypedDict
@@ -122,6 +123,30 @@ _OPAQUE_VOLUMES: Final = frozenset(
     {"projected", "secret", "configMap", "downwardAPI", "persistentVolumeClaim", "csi"}
 )
 _LAST_APPLIED: Final = "kubectl.kubernetes.io/last-applied-configuration"
+# What pods share, for zlib to refer to (it matches from the end first: the commonest last).
+_FACTS_DICTIONARY: Final = "".join(
+    (
+        '"securityContext":{"privileged":"capabilities":{"add":["SYS_ADMIN"]}}',
+        '"hostPath":{"path":"/usr/local/vgpu/libvgpu.so","type":"File"}',
+        '{"name":"gpushare-vgpu-lock","hostPath":{"path":"/tmp/vgpulock","type":"DirectoryOrCreate"}}',
+        '{"name":"gpushare-vgpu-cache","emptyDir":{}}',
+        '{"name":"LD_PRELOAD","value":"/usr/local/vgpu/libvgpu.so"}',
+        '{"name":"CUDA_DEVICE_MEMORY_LIMIT_0","value":"m"},{"name":"CUDA_DEVICE_SM_LIMIT","value":"',
+        '{"name":"CUDA_DEVICE_MEMORY_SHARED_CACHE","value":"/usr/local/vgpu/cache/',
+        '{"name":"GPU_CORE_UTILIZATION_POLICY","value":"default"},{"name":"CUDA_REDIRECT","value":""},',
+        '{"name":"ACTIVE_OOM_KILLER","value":"true"},{"name":"NVIDIA_VISIBLE_DEVICES","value":"void"}',
+        '"schedulerName":"hami-scheduler","nodeSelector":{',
+        '"nvidia.com/gpu":"1","nvidia.com/gpumem":"","nvidia.com/gpucores":"',
+        '"annotations":{"gpushare.io/mode":"vgpu","hami.io/vgpu-devices-allocated":"',
+        '"valueFrom":{"fieldRef":{"fieldPath":"',
+        '"resources":{"limits":{"cpu":"","memory":"Mi"},"requests":{"cpu":"m","memory":"Mi"}},',
+        '"volumes":[{"name":"","configMap":{}},{"name":"kube-api-access-","projected":{}}]}}',
+        '"readOnly":true,"mountPath":"/var/run/secrets/kubernetes.io/serviceaccount"}',
+        '"volumeMounts":[{"name":"kube-api-access-","mountPath":"',
+        '"spec":{"containers":[{"name":"","env":[{"name":"","value":"',
+        '{"metadata":{"name":"","namespace":"","uid":"',
+    )
+).encode()
 
 
 def _slim_containers(raw: Any) -> Any:
@@ -164,8 +189,20 @@ def pod_facts(obj: Mapping[str, Any]) -> bytes:
         elif key == "volumes" and isinstance(value, list):
             value = [_slim_volume(v) for v in value]
         spec[key] = value
-    result: bytes = orjson.dumps({"metadata": slim_meta, "spec": spec})
-    return result
+    dumped: bytes = orjson.dumps({"metadata": slim_meta, "spec": spec})
+    # Compressed against a dictionary of what every pod spells the same way (keys, the
+    # token mount, the mutation's names): ~1,090 -> ~300 bytes a pod, 2.5 us to read back.
+    # (It also drops orjson's buffer, which keeps its capacity: 8 KB for 800 bytes.)
+    packer = zlib.compressobj(6, zdict=_FACTS_DICTIONARY)
+    return packer.compress(dumped) + packer.flush()
+
+
+def read_facts(facts: bytes) -> dict[str, Any]:
+    """The pod of :func:`pod_facts` bytes, as plain JSON data again."""
+    pod: dict[str, Any] = orjson.loads(
+        zlib.decompressobj(zdict=_FACTS_DICTIONARY).decompress(facts)
+    )
+    return pod
 
 
 # --------------------------------------------------------------------------- judging
@@ -287,8 +324,7 @@ def scan(
 ) -> list[tuple[Result, ...]]:
     """Judge every pod of :func:`pod_facts` bytes (a full scan; the edge batches it)."""
     view = scan_view(cluster)
-    loads = orjson.loads
-    return [judge_pod(loads(pod), policy, cluster=view) for pod in pods]
+    return [judge_pod(read_facts(pod), policy, cluster=view) for pod in pods]
 
 
 # --------------------------------------------------------------------------- reports
