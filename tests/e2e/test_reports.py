@@ -81,16 +81,28 @@ def waited(probe: Callable[[], T], done: Callable[[T], bool], *, within: float =
         time.sleep(0.5)
 
 
-def violations_metric(cluster: DevCluster, namespace: str, rule: str) -> float | None:
+def metric(cluster: DevCluster, series: str) -> float | None:
+    """The value of one series of the webhook's /metrics, None when it has none."""
     assert cluster.webhook is not None
     url = f"http://127.0.0.1:{cluster.webhook.health_port}/metrics"
     with urllib.request.urlopen(url, timeout=10) as response:  # loopback
         text = response.read().decode()
-    wanted = f'gpushare_running_violations{{namespace="{namespace}",rule="{rule}"}} '
     for line in text.splitlines():
-        if line.startswith(wanted):
-            return float(line[len(wanted) :])
+        if line.startswith(series + " "):
+            return float(line[len(series) + 1 :])
     return None
+
+
+def violations_metric(cluster: DevCluster, namespace: str, rule: str) -> float | None:
+    return metric(cluster, f'gpushare_running_violations{{namespace="{namespace}",rule="{rule}"}}')
+
+
+def writes(cluster: DevCluster) -> float:
+    return sum(
+        metric(cluster, f'gpushare_report_writes_total{{kind="{kind}",verb="{verb}"}}') or 0.0
+        for kind in KINDS
+        for verb in ("apply", "delete")
+    )
 
 
 def cli_report(cluster: DevCluster, *args: str) -> Any:
@@ -133,46 +145,8 @@ def tightened(document: dict[str, Any]) -> None:
     spec = document.setdefault("spec", {})
     spec.setdefault("rules", {})["gpu-quota"] = "deny"
     spec.setdefault("limits", {})["perContainer"] = {"memoryMiB": 4000}
-
-
-def test_a_pod_over_a_tightened_maximum_is_reported_until_deleted(
-    cluster: DevCluster, api: Api, custom: Any, core: Any, namespace: str
-) -> None:
-    big = created(api, namespace, with_memory("big", 6000))
-    created(api, namespace, with_memory("small", 2000))
-    # Admitted under the default policy (no maxima): nothing to report.
-    time.sleep(3)
-    assert report(custom, namespace) is None
-    with swapped_policy(cluster, tightened):
-        started = time.monotonic()
-        body = waited(lambda: report(custom, namespace), lambda b: bool(failing(b)))
-        elapsed = time.monotonic() - started
-        assert failing(body) == {("big", "gpu-quota")}, body
-        assert elapsed <= WITHIN
-        assert body is not None
-        (result,) = body["results"]
-        assert result["source"] == "gpushare-webhook"
-        assert result["severity"] == "high" and result["category"] == "GPU sharing"
-        assert result["resources"][0]["uid"] == big["metadata"]["uid"]
-        assert "6000" in result["message"] and "4000" in result["message"]
-        assert body["summary"]["fail"] == 1
-        # The same in the PolicyReport that Policy Reporter reads.
-        policy_report = waited(
-            lambda: report(custom, namespace, "wgpolicyk8s"), lambda b: bool(failing(b))
-        )
-        assert failing(policy_report) == {("big", "gpu-quota")}
-        assert violations_metric(cluster, namespace, "gpu-quota") == 1.0
-        listed = orjson.loads(cli_report(cluster, "-o", "json", "--namespace", namespace))
-        assert [(r["name"], r["rule"], r["result"]) for r in listed["results"]] == [
-            ("big", "gpu-quota", "fail")
-        ]
-        assert "big" in cli_report(cluster, "--namespace", namespace)
-        # Deleting the pod removes the result (and the report with nothing left in it).
-        core.delete_namespaced_pod("big", namespace, grace_period_seconds=0)
-        gone = waited(lambda: report(custom, namespace), lambda b: b is None)
-        assert gone is None, gone
-        assert report(custom, namespace, "wgpolicyk8s") is None
-        assert violations_metric(cluster, namespace, "gpu-quota") is None
+    # ConfigMaps join the view (and the reports) when the policy judges env from them.
+    spec.setdefault("cluster", {})["configMapEnv"] = True
 
 
 @contextlib.contextmanager
@@ -183,6 +157,61 @@ def webhooks_down(cluster: DevCluster) -> Iterator[None]:
         yield
     finally:
         cluster.register_webhooks()
+
+
+def test_a_pod_over_a_tightened_maximum_is_reported_until_deleted(
+    cluster: DevCluster, api: Api, custom: Any, core: Any, namespace: str
+) -> None:
+    big = created(api, namespace, with_memory("big", 6000))
+    created(api, namespace, with_memory("small", 2000))
+    # Written before any guard of ConfigMaps existed (none is registered here).
+    with webhooks_down(cluster):
+        core.create_namespaced_config_map(
+            namespace, {"metadata": {"name": "devices"}, "data": {"NVIDIA_VISIBLE_DEVICES": "all"}}
+        )
+    # Admitted under the default policy (no maxima, ConfigMaps not read): nothing to report.
+    time.sleep(3)
+    assert report(custom, namespace) is None
+    with swapped_policy(cluster, tightened):
+        started = time.monotonic()
+        body = waited(lambda: report(custom, namespace), lambda b: len(failing(b)) == 2)
+        elapsed = time.monotonic() - started
+        assert failing(body) == {("big", "gpu-quota"), ("devices", "raw-visible-devices")}, body
+        assert elapsed <= WITHIN
+        assert body is not None
+        (result,) = [r for r in body["results"] if r["rule"] == "gpu-quota"]
+        assert result["source"] == "gpushare-webhook"
+        assert result["severity"] == "high" and result["category"] == "GPU sharing"
+        assert result["resources"][0]["uid"] == big["metadata"]["uid"]
+        assert "6000" in result["message"] and "4000" in result["message"]
+        assert body["summary"]["fail"] == 2
+        (data,) = [r for r in body["results"] if r["rule"] == "raw-visible-devices"]
+        assert data["resources"][0]["kind"] == "ConfigMap" and "all" not in data["message"]
+        # Nothing changes: nothing is written (three passes of the 2 s interval).
+        written = writes(cluster)
+        time.sleep(6)
+        assert writes(cluster) == written
+        # The same in the PolicyReport that Policy Reporter reads.
+        policy_report = waited(
+            lambda: report(custom, namespace, "wgpolicyk8s"), lambda b: len(failing(b)) == 2
+        )
+        assert failing(policy_report) == failing(body)
+        assert violations_metric(cluster, namespace, "gpu-quota") == 1.0
+        listed = orjson.loads(cli_report(cluster, "-o", "json", "--namespace", namespace))
+        assert [(r["name"], r["rule"], r["result"]) for r in listed["results"]] == [
+            ("devices", "raw-visible-devices", "fail"),
+            ("big", "gpu-quota", "fail"),
+        ]
+        assert "big" in cli_report(cluster, "--namespace", namespace)
+        # Deleting the pod removes the result; with the ConfigMap gone too, the report.
+        core.delete_namespaced_pod("big", namespace, grace_period_seconds=0)
+        left = waited(lambda: report(custom, namespace), lambda b: len(failing(b)) == 1)
+        assert failing(left) == {("devices", "raw-visible-devices")}, left
+        core.delete_namespaced_config_map("devices", namespace)
+        gone = waited(lambda: report(custom, namespace), lambda b: b is None)
+        assert gone is None, gone
+        assert report(custom, namespace, "wgpolicyk8s") is None
+        assert violations_metric(cluster, namespace, "gpu-quota") is None
 
 
 def test_pods_let_in_without_the_webhooks_are_reported_and_the_cap_holds(
