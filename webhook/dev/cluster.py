@@ -581,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"ready: kube-apiserver {cluster.server}, webhook {cluster.webhook.url if cluster.webhook else ''}, "
                 f"kubeconfig {args.kubeconfig}, policy {policy}, audit {workdir / 'audit.log'}, "
-                "cluster view on",
+                "cluster view and policy reports on",
                 flush=True,
             )
             while not stop.wait(0.5):

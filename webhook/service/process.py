@@ -391,7 +391,10 @@ async def _serve(config: ServerConfig, *, manage_certificates: bool) -> None:
     extra_tasks: list[Any] = []
     store = PolicyStore(config.policy)
     # Reports are written by one process of the replica that leads the Lease (without
-    # --self-managed: by the first process of each replica; run one for reports).
+    # --self-managed: by the first process of each replica; run one for reports). The
+    # other processes of a replica never write: they neither watch pods nor scan.
+    if not manage_certificates:
+        config = replace(config, reports=None)
     leading: Callable[[], bool] = lambda: manage_certificates  # noqa: E731
     if config.self_managed is not None and manage_certificates:
         from webhook.certs.selfmanaged import SelfManagedCertificates
