@@ -178,7 +178,9 @@ class ReportKeeper:
         if self._held is None:
             self._listed_at = time.monotonic()
             self._held = await asyncio.to_thread(self._list_held)
-            self._dirty_namespaces |= {ns for _, ns in self._held}
+            # Every report is compared again (one written while a CRD was missing, or by
+            # another leader); those the API already holds as wanted are not written.
+            self._dirty_namespaces |= {ns for _, ns in self._held} | self.namespaces()
         namespaces, self._dirty_namespaces = self._dirty_namespaces, set()
         plans = self._plans(namespaces, policy)
         if plans:
