@@ -287,7 +287,7 @@ def test_ha_example_adds_monitoring_and_a_network_policy(helm: str) -> None:
     assert ports == [8443, 8080]
     container = pod_spec(objects)["containers"][0]
     assert container["image"].endswith("@sha256:" + "0" * 64)
-    assert container["args"][-2:] == ["--cluster", "--log-level=WARNING"]
+    assert container["args"][-3:] == ["--cluster", "--reports", "--log-level=WARNING"]
     view = one(objects, "ClusterRole", "gpushare-webhook-cluster-view")
     assert {verb for rule in view["rules"] for verb in rule["verbs"]} == {"list", "watch"}
 

@@ -14,6 +14,7 @@ from typing import Final, TextIO, cast
 import orjson
 
 from webhook.cli.common import EXIT_OK, EXIT_USAGE, Commands, Parser
+from webhook.cli.report import register as register_report
 from webhook.cluster.client import ClusterAccessError, api_client
 from webhook.cluster.inventory import InventoryError, list_cluster
 from webhook.core.allocation import (
@@ -237,6 +238,8 @@ def plugin_parser() -> argparse.ArgumentParser:
     parser = Parser(prog=PLUGIN_PROG, description="GPU sharing on Kubernetes: gpushare-webhook.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     register(cast("Commands", commands))
+    # `kubectl gpushare report --cluster`: the policy reports, as `report --cluster`.
+    register_report(cast("Commands", commands))
     parser.set_defaults(prog=PLUGIN_PROG)
     return parser
 

@@ -8,7 +8,7 @@ import gzip
 import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Final, TextIO
+from typing import Any, Final, TextIO
 
 import orjson
 
@@ -28,7 +28,10 @@ _COLUMNS: Final = (
     "EXAMPLE",
 )
 
-REPORT_HELP: Final = "what an audit-only rollout found: what enforcing the rules would refuse"
+REPORT_HELP: Final = (
+    "what enforcing the rules would refuse: in an audit log (--audit-log), or running in "
+    "the cluster now (--cluster)"
+)
 REPORT_DESCRIPTION: Final = """\
 Read the service's audit log (--audit-log, JSON lines; gzip'd files too; repeat it
 for rotated files, - for stdin) and print, per rule, namespace and workload, how
@@ -39,7 +42,14 @@ NOW). A request reaches both /mutate and /validate; it counts once.
 A pod made by a controller is grouped under it (a Deployment's pods under the
 Deployment). The example is one message as logged, user-supplied values redacted.
 Lines that are not audit records are skipped and counted on stderr.
+
+With --cluster instead, print what the cluster runs now that the policy in force
+would refuse: the results of the policy reports `serve --cluster --reports` keeps
+(openreports.io Reports), one line per finding, user-supplied values redacted. A
+report holds at most its cap of results; the rest are counted (OMITTED).
 """
+
+_CLUSTER_COLUMNS: Final = ("NAMESPACE", "KIND", "NAME", "RULE", "RESULT", "SEVERITY", "MESSAGE")
 
 
 @dataclass(slots=True)
@@ -129,12 +139,97 @@ def _cells(row: RolloutRow) -> tuple[str, ...]:
     )
 
 
+def cluster_rows(reports: Iterable[dict[str, Any]]) -> dict[str, Any]:
+    """The findings of the webhook's reports, flattened, with each namespace's counts."""
+    rows: list[dict[str, Any]] = []
+    namespaces: dict[str, dict[str, Any]] = {}
+    for report in sorted(reports, key=lambda r: str((r.get("metadata") or {}).get("namespace"))):
+        metadata = report.get("metadata") or {}
+        namespace = str(metadata.get("namespace") or "")
+        results = report.get("results") or []
+        summary = report.get("summary") or {}
+        counted = int(summary.get("fail") or 0) + int(summary.get("warn") or 0)
+        namespaces[namespace] = {
+            "fail": int(summary.get("fail") or 0),
+            "warn": int(summary.get("warn") or 0),
+            "omitted": max(0, counted - len(results)),
+        }
+        for result in results:
+            (resource,) = result.get("resources") or [{}]
+            rows.append(
+                {
+                    "namespace": namespace,
+                    "kind": resource.get("kind", ""),
+                    "name": resource.get("name", ""),
+                    "rule": result.get("rule", ""),
+                    "result": result.get("result", ""),
+                    "severity": result.get("severity", ""),
+                    "message": result.get("message", ""),
+                }
+            )
+    return {"results": rows, "namespaces": namespaces}
+
+
+def _cluster_table(found: dict[str, Any]) -> str:
+    rows = [tuple(str(row[c.lower()]) for c in _CLUSTER_COLUMNS) for row in found["results"]]
+    if not rows:
+        return "no findings: the cluster runs nothing the policy in force would refuse\n"
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_CLUSTER_COLUMNS)]
+    lines = [
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in [_CLUSTER_COLUMNS, *rows]
+    ]
+    for namespace, counts in found["namespaces"].items():
+        if counts["omitted"]:
+            lines.append(f"OMITTED {namespace}: {counts['omitted']} more (over the report's cap)")
+    return "\n".join(lines) + "\n"
+
+
+def command_cluster_report(args: argparse.Namespace, stdout: TextIO) -> int:
+    from webhook.cluster.client import ClusterAccessError, api_client
+    from webhook.cluster.reports import list_reports
+
+    try:
+        client = api_client(args.kubeconfig, context=args.context)
+    except ClusterAccessError as exc:
+        raise UsageError(str(exc)) from None
+    try:
+        namespaces = args.namespace or [None]
+        reports = [r for ns in namespaces for r in list_reports(client, namespace=ns)]
+    except Exception as exc:
+        status = getattr(exc, "status", None)
+        if status == 404:
+            raise UsageError(
+                "openreports.io/v1alpha1 is not served: are the report CRDs installed "
+                "(deploy/reports) and the webhook running with --reports?"
+            ) from None
+        if status is not None:
+            raise UsageError(
+                f"cannot list reports: {status} {getattr(exc, 'reason', '')}"
+            ) from None
+        raise
+    found = cluster_rows(reports)
+    if args.rule:
+        found["results"] = [row for row in found["results"] if row["rule"] in args.rule]
+    if args.output == "json":
+        stdout.write(orjson.dumps(found, option=orjson.OPT_INDENT_2).decode() + "\n")
+    else:
+        stdout.write(_cluster_table(found))
+    return EXIT_OK
+
+
 def command_report(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
     unknown = sorted(set(args.rule) - set(RULE_IDS))
     if unknown:
         raise UsageError(
             f"--rule {', '.join(unknown)}: no such rule; the rules are {', '.join(RULE_IDS)}"
         )
+    if args.cluster == bool(args.audit_log):
+        raise UsageError("report needs --audit-log FILE or --cluster (one of them)")
+    if not args.cluster and (args.kubeconfig or args.context):
+        raise UsageError("--kubeconfig, --context: only with --cluster")
+    if args.cluster:
+        return command_cluster_report(args, stdout)
     skipped = _Skipped()
     report = summarise(
         read_records(args.audit_log, stdin, skipped),
@@ -164,10 +259,18 @@ def register(commands: Commands) -> None:
     parser.add_argument(
         "--audit-log",
         action="append",
-        required=True,
         metavar="FILE",
         help="the service's audit log (JSON lines, gzip'd or not; - for stdin); repeatable",
     )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="read the policy reports of what runs in the cluster now (serve --reports)",
+    )
+    parser.add_argument(
+        "--kubeconfig", metavar="FILE", help="with --cluster (default: $KUBECONFIG, ~/.kube/config)"
+    )
+    parser.add_argument("--context", metavar="NAME", help="with --cluster: kubeconfig context")
     parser.add_argument("-o", "--output", choices=["table", "json"], default="table")
     parser.add_argument(
         "--rule", action="append", default=[], metavar="ID", help="only this rule; repeatable"

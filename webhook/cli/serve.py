@@ -62,6 +62,8 @@ def _cluster(args: argparse.Namespace) -> dict[str, Any]:
         if value is not None
     ]
     if not args.cluster:
+        if args.reports:
+            given.append("--reports")
         if given:
             raise UsageError(f"{', '.join(given)}: only with --cluster")
         return {}
@@ -79,6 +81,7 @@ def _cluster(args: argparse.Namespace) -> dict[str, Any]:
         raise UsageError("--cluster-stale-after must be at least 10, --cluster-resync at least 60")
     return {
         "cluster": True,
+        "reports": _reports(args),
         "cluster_kubeconfig": args.kubeconfig,
         "cluster_settings": replace(
             settings,
@@ -88,6 +91,43 @@ def _cluster(args: argparse.Namespace) -> dict[str, Any]:
             read_timeout=min(settings.read_timeout, stale_after / 2),
         ),
     }
+
+
+def _reports(args: argparse.Namespace) -> Any:
+    """The policy reports' settings (``--reports``), or None."""
+    given = [
+        flag
+        for flag, value in (
+            ("--reports-policyreport", args.reports_policyreport or None),
+            ("--reports-max-results", args.reports_max_results),
+            ("--reports-interval", args.reports_interval),
+            ("--reports-status", args.reports_status),
+        )
+        if value is not None
+    ]
+    if not args.reports:
+        if given:
+            raise UsageError(f"{', '.join(given)}: only with --reports")
+        return None
+    from webhook.cluster.reports import ReportSettings
+    from webhook.core.scan import STATUSES
+
+    settings = ReportSettings()
+    asked = {s.strip() for s in (args.reports_status or "fail,warn").split(",")}
+    statuses = tuple(s for s in STATUSES if s in asked)
+    if not statuses or asked - set(STATUSES):
+        raise UsageError("--reports-status takes fail, warn or both (fail,warn)")
+    max_results = args.reports_max_results or settings.max_results
+    interval = args.reports_interval or settings.interval
+    if not 1 <= max_results <= 1000 or interval < 1:
+        raise UsageError("--reports-max-results must be 1..1000, --reports-interval at least 1")
+    return replace(
+        settings,
+        kinds=("openreports", "wgpolicyk8s") if args.reports_policyreport else ("openreports",),
+        max_results=max_results,
+        interval=interval,
+        statuses=statuses,
+    )
 
 
 def command_serve(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
@@ -265,5 +305,34 @@ def register(commands: Commands) -> None:
         type=float,
         metavar="SECONDS",
         help="relist every kind this often, even while its watch is healthy (default 1800)",
+    )
+    reports = serve.add_argument_group(
+        "policy reports",
+        "with --cluster: judge every running and pending pod under the policy in force and "
+        "write what it would refuse as one openreports.io Report per namespace (only the "
+        "replica that leads the --self-managed Lease writes)",
+    )
+    reports.add_argument("--reports", action="store_true", help="turn policy reports on")
+    reports.add_argument(
+        "--reports-policyreport",
+        action="store_true",
+        help="also write wgpolicyk8s.io/v1alpha2 PolicyReports (for Policy Reporter)",
+    )
+    reports.add_argument(
+        "--reports-max-results",
+        type=int,
+        metavar="N",
+        help="results per report; the summary counts the rest (default 100)",
+    )
+    reports.add_argument(
+        "--reports-interval",
+        type=float,
+        metavar="SECONDS",
+        help="judge changes and write changed reports at most this often (default 10)",
+    )
+    reports.add_argument(
+        "--reports-status",
+        metavar="LIST",
+        help="results to report: fail, warn or fail,warn (default fail,warn)",
     )
     serve.set_defaults(handler=command_serve)

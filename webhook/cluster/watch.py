@@ -29,11 +29,13 @@ import asyncio
 import contextlib
 import logging
 import random
+import sys
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 from types import MappingProxyType
 from typing import Any, Final
 
@@ -49,6 +51,7 @@ from webhook.core.cluster import (
     quota_facts,
     secret_data,
 )
+from webhook.core.scan import pod_facts
 
 log = logging.getLogger(__name__)
 
@@ -109,6 +112,17 @@ def _namespaced(obj: Mapping[str, Any]) -> tuple[str, str]:
     return (str(metadata.get("namespace") or ""), str(metadata.get("name") or ""))
 
 
+def _pod_key(obj: Mapping[str, Any]) -> tuple[str, str]:
+    # One string per namespace, however many pods it holds.
+    namespace, name = _namespaced(obj)
+    return (sys.intern(namespace), name)
+
+
+# Pods that still run or wait to: a finished pod holds no GPU and is in no report. A
+# watch with this selector reports a pod that finishes as DELETED.
+ACTIVE_PODS: Final = "status.phase!=Succeeded,status.phase!=Failed"
+
+
 def _filtered(
     data: Callable[[Mapping[str, Any]], Mapping[str, str]], keep: Callable[[str], bool]
 ) -> Slim:
@@ -130,6 +144,7 @@ class Kind:
     method: str
     key: Callable[[Mapping[str, Any]], Key]
     slim: Slim
+    field_selector: str | None = None
 
 
 def kinds(*, keep_key: Callable[[str], bool] | None = None) -> dict[str, Kind]:
@@ -154,6 +169,7 @@ def kinds(*, keep_key: Callable[[str], bool] | None = None) -> dict[str, Kind]:
                 _namespaced,
                 _filtered(secret_data, keep),
             ),
+            Kind("pods", "list_pod_for_all_namespaces", _pod_key, pod_facts, ACTIVE_PODS),
         )
     }
 
@@ -248,6 +264,8 @@ class Reflector:
         self.kind = kind
         self.settings = settings
         self._call: Callable[..., Any] = getattr(api, kind.method)
+        if kind.field_selector:
+            self._call = partial(self._call, field_selector=kind.field_selector)
         self._publish = publish
         self._on_event = on_event or (lambda _kind, _what: None)
         self._stop = threading.Event()
@@ -428,11 +446,14 @@ class ClusterWatch:
         settings: Settings | None = None,
         config_maps: bool = True,
         secrets: bool = False,
+        pods: bool = False,
         keep_key: Callable[[str], bool] | None = None,
         on_event: Callable[[str, str], None] | None = None,
     ) -> None:
         self.settings = settings or Settings()
         self._api = api
+        # The ApiClient behind ``api``, for whoever writes what the view finds (reports).
+        self.api_client: Any = None
         self._kinds = kinds(keep_key=keep_key)
         # Counts lists, relists and failures (metrics); called on the watch threads.
         self.on_event = on_event
@@ -441,12 +462,18 @@ class ClusterWatch:
         self.quotas: dict[str, tuple[QuotaFacts, ...]] = {}
         self.config_maps: dict[tuple[str, str], Mapping[str, str]] = {}
         self.secrets: dict[tuple[str, str], Mapping[str, str]] = {}
+        # Running and pending pods as the scan reads them (webhook.core.scan.pod_facts),
+        # for reports only: no admission decision reads them.
+        self.pods: dict[tuple[str, str], bytes] = {}
+        # Called on the loop with (kind, key) for every change applied.
+        self.listeners: list[Callable[[str, Key], None]] = []
         self._quota_items: dict[str, dict[str, QuotaFacts]] = {}
         self._stores: dict[str, dict[Any, Any]] = {
             "nodes": self.nodes,
             "namespaces": self.namespaces,
             "configmaps": self.config_maps,
             "secrets": self.secrets,
+            "pods": self.pods,
         }
         self._stores["resourcequotas"] = self.quotas
         # The read-only face of each dict in the published view: a new one only for a
@@ -458,7 +485,7 @@ class ClusterWatch:
         self._changed: set[str] = set()
         self._reflectors: dict[str, Reflector] = {}
         self._wanted = ["nodes", "namespaces", "resourcequotas"]
-        self._wanted += ["configmaps"] * config_maps + ["secrets"] * secrets
+        self._wanted += ["configmaps"] * config_maps + ["secrets"] * secrets + ["pods"] * pods
         self._pending = _Pending()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._publish_handle: asyncio.TimerHandle | None = None
@@ -522,7 +549,7 @@ class ClusterWatch:
 
     @property
     def kind_names(self) -> tuple[str, ...]:
-        return ("nodes", "namespaces", "resourcequotas", "configmaps", "secrets")
+        return ("nodes", "namespaces", "resourcequotas", "configmaps", "secrets", "pods")
 
     # ------------------------------------------------------------------ thread -> loop
 
@@ -563,6 +590,8 @@ class ClusterWatch:
 
     def _apply(self, kind: str, key: Key, facts: Any) -> None:
         self._changed.add(kind)
+        for listener in self.listeners:
+            listener(kind, key)
         if kind == "resourcequotas":
             namespace, name = key
             items = self._quota_items.setdefault(namespace, {})
@@ -612,6 +641,8 @@ class ClusterWatch:
 
     def _fresh(self, now: float) -> bool:
         for name in self._wanted:
+            if name == "pods":  # no decision waits for the pods to be listed
+                continue
             reflector = self._reflectors.get(name)
             if reflector is None or not reflector.listed or reflector.last_ok is None:
                 return False
@@ -641,7 +672,15 @@ class ClusterWatch:
             "resourcequotas": sum(len(items) for items in self._quota_items.values()),
             "configmaps": len(self.config_maps),
             "secrets": len(self.secrets),
+            "pods": len(self.pods),
         }
+
+    def listed(self, kind: str) -> bool:
+        """Whether ``kind`` has been listed and is still heard from (not stale)."""
+        reflector = self._reflectors.get(kind)
+        if reflector is None or not reflector.listed or reflector.last_ok is None:
+            return False
+        return time.monotonic() - reflector.last_ok <= self.settings.stale_after
 
     def age(self) -> float:
         """Seconds since the kind heard from longest ago last heard from the API

@@ -151,6 +151,13 @@ class Webhook:
                 "--audit-log",
                 str(self.audit_log),
                 *(["--cluster", "--kubeconfig", str(self.kubeconfig)] if self.kubeconfig else []),
+                # Reports with the view, as the install has them; both kinds, and a short
+                # interval so that a change shows within seconds.
+                *(
+                    ["--reports", "--reports-policyreport", "--reports-interval", "2"]
+                    if self.kubeconfig
+                    else []
+                ),
             ],
             stdout=handle,
             stderr=handle,
@@ -439,6 +446,29 @@ class DevCluster:
             else:
                 api.create_validating_admission_policy_binding(obj)
 
+    def install_report_crds(self, *, timeout: float = 30.0) -> None:
+        """Create the report CRDs (deploy/reports) and wait until they are served."""
+        from kubernetes import client
+
+        from webhook.install.manifests import report_crds
+
+        # The client takes plain dicts at run time; its stubs only know its models.
+        api: Any = client.ApiextensionsV1Api(self.api_client())
+        names = []
+        for crd in report_crds():
+            with contextlib.suppress(client.ApiException):  # already there: keep it
+                api.create_custom_resource_definition(crd)
+            names.append(crd["metadata"]["name"])
+        deadline = time.monotonic() + timeout
+        for name in names:
+            while True:
+                conditions = api.read_custom_resource_definition(name).status.conditions or []
+                if any(c.type == "Established" and c.status == "True" for c in conditions):
+                    break
+                if time.monotonic() > deadline:
+                    raise ClusterError(f"CRD {name} not established after {timeout:.0f}s")
+                time.sleep(0.1)
+
     def create_namespace(self, name: str) -> None:
         """A namespace with its default ServiceAccount (no controller-manager runs here)."""
         from kubernetes import client
@@ -503,6 +533,7 @@ def running(*, bin_dir: Path, policy: Path, workdir: Path) -> Iterator[DevCluste
     cluster = DevCluster(workdir=workdir, bin_dir=bin_dir, policy=policy)
     try:
         cluster.start_control_plane()
+        cluster.install_report_crds()
         cluster.start_webhook()
         cluster.register_webhooks()
         cluster.probe()
@@ -550,7 +581,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(
                 f"ready: kube-apiserver {cluster.server}, webhook {cluster.webhook.url if cluster.webhook else ''}, "
                 f"kubeconfig {args.kubeconfig}, policy {policy}, audit {workdir / 'audit.log'}, "
-                "cluster view on",
+                "cluster view and policy reports on",
                 flush=True,
             )
             while not stop.wait(0.5):

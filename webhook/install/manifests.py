@@ -88,6 +88,11 @@ def deploy_root() -> Path:
     raise ManifestError(f"no deploy files found next to {package} (broken installation)")
 
 
+def report_crds() -> list[Obj]:
+    """The report CRDs of ``deploy/reports`` (openreports.io Report, wgpolicyk8s.io PolicyReport)."""
+    return _load_documents(deploy_root() / "reports" / "crds.yaml")
+
+
 def overlay_dir(overlay: str = DEFAULT_OVERLAY) -> Path:
     if overlay not in OVERLAYS:
         raise ManifestError(f"unknown overlay {overlay!r}; choose one of {', '.join(OVERLAYS)}")

@@ -257,5 +257,47 @@ class Metrics:
 
         return count
 
+    def track_reports(self) -> ReportMetrics:
+        """The policy reports' metrics (``serve --cluster --reports``)."""
+        return ReportMetrics(self.registry)
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class ReportMetrics:
+    """What the background scan finds and what writing its reports costs."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.violations = Gauge(
+            "gpushare_running_violations",
+            "Findings on running and pending pods (and ConfigMaps, Secrets) under the policy "
+            "in force, by namespace and rule, as of the last scan.",
+            ["namespace", "rule"],
+            registry=registry,
+        )
+        self.writes = Counter(
+            "gpushare_report_writes",
+            "Report writes to the API, by report kind and verb (create, update, delete).",
+            ["kind", "verb"],
+            registry=registry,
+        )
+        self.scan_seconds = Gauge(
+            "gpushare_report_scan_seconds",
+            "CPU seconds the last full scan of every pod took.",
+            registry=registry,
+        )
+        self.scanned = Gauge(
+            "gpushare_report_scanned_pods",
+            "Pods judged by the last full scan.",
+            registry=registry,
+        )
+
+    def set_violations(self, counts: dict[tuple[str, str], int]) -> None:
+        # Replaced whole: a namespace and rule with no finding left has no series.
+        self.violations.clear()
+        for (namespace, rule), count in counts.items():
+            self.violations.labels(namespace, rule).set(count)
+
+    def written(self, kind: str, verb: str) -> None:
+        self.writes.labels(kind, verb).inc()

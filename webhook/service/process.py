@@ -16,6 +16,7 @@ import socket
 import ssl
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -25,6 +26,7 @@ from opentelemetry.sdk.trace import TracerProvider
 from webhook.certs.contexts import CertificateReloader
 from webhook.certs.files import ensure_dev_certificates
 from webhook.certs.material import CertificateError, CertPaths
+from webhook.cluster.reports import ReportKeeper, ReportSettings
 from webhook.cluster.watch import ClusterWatch
 from webhook.cluster.watch import Settings as WatchSettings
 from webhook.service import loop as serving_loop
@@ -80,6 +82,8 @@ class ServerConfig:
     cluster: bool = False
     cluster_kubeconfig: str | None = None
     cluster_settings: WatchSettings = field(default_factory=WatchSettings)
+    # Policy reports from the cluster view (serve --cluster --reports).
+    reports: ReportSettings | None = None
 
 
 class ListenError(OSError):
@@ -143,6 +147,7 @@ class Service:
     gates: list[ConnectionGate] = field(default_factory=list)
     trimmer: HeapTrimmer | None = None
     cluster: ClusterWatch | None = None
+    reports: ReportKeeper | None = None
 
     async def stop(self) -> None:
         """Stop accepting, finish in-flight requests, flush the audit log."""
@@ -179,8 +184,12 @@ async def start(
     ssl_context: ssl.SSLContext,
     extra_tasks: list[Any] | None = None,
     store: PolicyStore | None = None,
+    leading: Callable[[], bool] | None = None,
 ) -> Service:
-    """Start both listeners; returns once they accept connections."""
+    """Start both listeners; returns once they accept connections.
+
+    ``leading`` says whether this process writes policy reports (default: it does).
+    """
     store = store or PolicyStore(config.policy)
     # The ports before the audit file: one in use fails here, with nothing open to undo.
     try:
@@ -203,6 +212,16 @@ async def start(
     state = ServiceState()
     tracing = configure_tracing()
     cluster = _cluster_watch(config, metrics, store) if config.cluster else None
+    reports = None
+    if cluster is not None and config.reports is not None:
+        reports = ReportKeeper(
+            cluster.api_client,
+            cluster,
+            lambda: store.policy,
+            settings=config.reports,
+            leading=leading or (lambda: True),
+            metrics=metrics.track_reports(),
+        )
     app = create_app(
         store=store,
         sink=sink,
@@ -248,6 +267,8 @@ async def start(
     if cluster is not None:
         # Ready at once: until the view is synced, decisions fall back to the pod spec.
         tasks.append(asyncio.create_task(cluster.run()))
+    if reports is not None:
+        tasks.append(asyncio.create_task(reports.run()))
     state.ready = True
     return Service(
         runner=runner,
@@ -264,6 +285,7 @@ async def start(
         gates=[gate, health_gate],
         trimmer=trimmer,
         cluster=cluster,
+        reports=reports,
     )
 
 
@@ -276,8 +298,10 @@ def _cluster_watch(config: ServerConfig, metrics: Metrics, store: PolicyStore) -
     from webhook.cluster.client import api_client
 
     # The client's stubs know only its models; the raw list calls take plain kwargs.
-    core: Any = client.CoreV1Api(api_client(config.cluster_kubeconfig))
-    watch = ClusterWatch(core, settings=config.cluster_settings)
+    access = api_client(config.cluster_kubeconfig)
+    core: Any = client.CoreV1Api(access)
+    watch = ClusterWatch(core, settings=config.cluster_settings, pods=config.reports is not None)
+    watch.api_client = access
     policy = store.policy
     watch.want("configmaps", policy.config_map_env)
     watch.want("secrets", policy.secret_env)
@@ -304,11 +328,14 @@ async def serve_forever(
     extra_tasks: list[Any] | None = None,
     certificate: CertificateReloader | None = None,
     store: PolicyStore | None = None,
+    leading: Callable[[], bool] | None = None,
 ) -> None:
     """Serve until SIGTERM/SIGINT; SIGHUP reloads the policy."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
-    service = await start(config, ssl_context=ssl_context, extra_tasks=extra_tasks, store=store)
+    service = await start(
+        config, ssl_context=ssl_context, extra_tasks=extra_tasks, store=store, leading=leading
+    )
     if certificate is not None:
         service.metrics.track_certificate(lambda: certificate.not_after.timestamp())
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -363,10 +390,17 @@ def _worker(config: ServerConfig, manage_certificates: bool, log_level: int) -> 
 async def _serve(config: ServerConfig, *, manage_certificates: bool) -> None:
     extra_tasks: list[Any] = []
     store = PolicyStore(config.policy)
+    # Reports are written by one process of the replica that leads the Lease (without
+    # --self-managed: by the first process of each replica; run one for reports). The
+    # other processes of a replica never write: they neither watch pods nor scan.
+    if not manage_certificates:
+        config = replace(config, reports=None)
+    leading: Callable[[], bool] = lambda: manage_certificates  # noqa: E731
     if config.self_managed is not None and manage_certificates:
         from webhook.certs.selfmanaged import SelfManagedCertificates
 
         manager = SelfManagedCertificates.from_config(config.self_managed, cert_dir=config.cert_dir)
+        leading = lambda: manager.is_leader  # noqa: E731
         if config.self_managed.keep_scope:
             _keep_scope(manager, store, config.self_managed)
         # The first serving pair must be on disk before the server loads it.
@@ -380,6 +414,7 @@ async def _serve(config: ServerConfig, *, manage_certificates: bool) -> None:
         extra_tasks=extra_tasks,
         certificate=reloader,
         store=store,
+        leading=leading,
     )
 
 
