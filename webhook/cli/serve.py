@@ -22,6 +22,8 @@ _SELF_MANAGED_OPTIONS = (
     "webhook_config",
     "kubeconfig",
     "keep_scope",
+    "interval",
+    "lease_duration",
 )
 
 
@@ -43,6 +45,10 @@ def _self_managed(args: argparse.Namespace) -> SelfManagedConfig | None:
     from webhook.certs.issue import service_dns_names
     from webhook.certs.selfmanaged import SelfManagedConfig
 
+    for name in ("interval", "lease_duration"):
+        if name in given and not given[name] >= 1:
+            flag = "--check-interval" if name == "interval" else "--lease-duration"
+            raise UsageError(f"{flag} must be at least 1 second")
     config = SelfManagedConfig(**given)
     try:
         service_dns_names(config.service, config.namespace)
@@ -239,6 +245,20 @@ def register(commands: Commands) -> None:
         default=None,
         help="leave the webhooks' matchConditions and the CEL policies as installed; by "
         "default the leader re-renders them from the policy in force whenever it changes",
+    )
+    managed.add_argument(
+        "--check-interval",
+        dest="interval",
+        type=float,
+        metavar="SECONDS",
+        help="check the Secret and the caBundle this often (default 60)",
+    )
+    managed.add_argument(
+        "--lease-duration",
+        type=float,
+        metavar="SECONDS",
+        help="the leader Lease's duration: a leader that stops without giving it up is "
+        "replaced this long after its last renewal (default 30, renewed every third)",
     )
     managed.add_argument(
         "--kubeconfig",
