@@ -37,6 +37,10 @@ BOOT_GRACE: Final = 5.0
 BOOT_FAILURES: Final = 5
 
 
+def _how(code: int | None) -> str:
+    return f"signal {-code}" if code is not None and code < 0 else f"status {code}"
+
+
 @dataclass(slots=True)
 class _Slot:
     index: int
@@ -64,12 +68,9 @@ class Supervisor:
         self._count = count
         self._name = name
         self._slots: dict[int, _Slot] = {}
-        self._stopping = False
         self._quick_failures = 0
         # Set when workers keep failing to boot: the caller stops and exits 1.
         self.broken = asyncio.Event()
-        # Every replacement started: (slot, pid of the one that exited, pid of the new one).
-        self.replaced: list[tuple[int, int, int]] = []
 
     @property
     def pids(self) -> list[int]:
@@ -94,11 +95,7 @@ class Supervisor:
         process = slot.process
         loop.remove_reader(process.sentinel)
         process.join()  # reaps it: a dead worker never lingers as a zombie
-        code = process.exitcode
-        how = f"signal {-code}" if code is not None and code < 0 else f"status {code}"
-        if self._stopping:
-            log.info("%s (pid %s) exited with %s", process.name, process.pid, how)
-            return
+        how = _how(process.exitcode)
         lived = time.monotonic() - slot.started
         self._quick_failures = self._quick_failures + 1 if lived < BOOT_GRACE else 0
         if self._quick_failures >= BOOT_FAILURES:
@@ -124,8 +121,6 @@ class Supervisor:
             lived,
             replacement.process.pid,
         )
-        if process.pid is not None and replacement.process.pid is not None:
-            self.replaced.append((slot.index, process.pid, replacement.process.pid))
         process.close()
 
     def signal_all(self, signum: int) -> None:
@@ -140,9 +135,13 @@ class Supervisor:
     async def stop(self, *, grace: float) -> int:
         """SIGTERM every worker (they drain), SIGKILL those alive after ``grace`` seconds;
         the highest exit status (0 when every worker stopped cleanly)."""
-        self._stopping = True
-        self.signal_all(signal.SIGTERM)
         slots = list(self._slots.values())
+        loop = asyncio.get_running_loop()
+        for slot in slots:
+            # join() below reads the exit status from the sentinel: a reader on the loop
+            # reading it too would leave join() an empty pipe (and status 255).
+            loop.remove_reader(slot.process.sentinel)
+        self.signal_all(signal.SIGTERM)
         deadline = time.monotonic() + grace
         codes: list[int] = []
         for slot in slots:
@@ -153,8 +152,8 @@ class Supervisor:
                 log.warning("%s (pid %s) still running: killing it", process.name, process.pid)
                 process.kill()
                 await asyncio.to_thread(process.join)
-            asyncio.get_running_loop().remove_reader(process.sentinel)
             code = process.exitcode
+            log.info("%s (pid %s) exited with %s", process.name, process.pid, _how(code))
             codes.append(1 if code is None or code < 0 else code)
         self._slots.clear()
         return max(codes, default=0)
