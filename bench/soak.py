@@ -651,6 +651,33 @@ def command_soak(args: argparse.Namespace) -> int:
             soak.close()
 
 
+def command_replace(args: argparse.Namespace) -> int:
+    """No load: SIGKILL a worker ``--kills`` times, each once the last replacement answers,
+    and print how long each took until a new worker answered /readyz."""
+    args.no_apiserver = True
+    with tempfile.TemporaryDirectory(prefix="gpushare-soak-") as tmp, interruptible():
+        soak = Soak(args, Path(tmp))
+        try:
+            soak.start_server()
+            assert soak.server is not None
+            # Takes the kill marks the load generator would.
+            soak.generator = subprocess.Popen(["sleep", "3600"], start_new_session=True)
+            for turn in range(args.kills):
+                soak.kill_worker(turn)
+                time.sleep(args.pause)
+            taken = [k["replaced_s"] for k in soak.events.kills if k["replaced_s"] is not None]
+            print(
+                f"{len(taken)}/{args.kills} kills replaced; kill -> a new worker answering: "
+                f"median {statistics.median(taken) * 1000:.0f} ms, min {min(taken) * 1000:.0f}, "
+                f"max {max(taken) * 1000:.0f} ms"
+            )
+            return 0 if len(taken) == args.kills else 1
+        except KeyboardInterrupt:
+            return 130
+        finally:
+            soak.close()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="bench/soak.py", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command")
@@ -667,6 +694,12 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument(
         "--no-apiserver", action="store_true", help="no control plane: plain serve, no API faults"
     )
+    replace = commands.add_parser(
+        "replace", help="no load, no control plane: time worker replacements only"
+    )
+    replace.add_argument("--workers", type=int, default=2)
+    replace.add_argument("--kills", type=int, default=10)
+    replace.add_argument("--pause", type=float, default=6.0, help="seconds between kills")
     load = commands.add_parser("load", help="(internal) the open-loop load generator")
     load.add_argument("--url", required=True)
     load.add_argument("--cafile", required=True)
@@ -682,6 +715,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command == "load":
         return command_load(args)
+    if args.command == "replace":
+        return command_replace(args)
     return command_soak(args)
 
 
