@@ -27,6 +27,11 @@ _SELF_MANAGED_OPTIONS = (
 )
 
 
+def _flag(option: str) -> str:
+    """The command-line flag of a SelfManagedConfig field."""
+    return "--check-interval" if option == "interval" else "--" + option.replace("_", "-")
+
+
 def _self_managed(args: argparse.Namespace) -> SelfManagedConfig | None:
     given = {name: getattr(args, name) for name in _SELF_MANAGED_OPTIONS}
     given = {name: value for name, value in given.items() if value is not None}
@@ -34,7 +39,7 @@ def _self_managed(args: argparse.Namespace) -> SelfManagedConfig | None:
         if args.cluster:
             given.pop("kubeconfig", None)  # it also says where --cluster watches
         if given:
-            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            flags = ", ".join(_flag(name) for name in given)
             raise UsageError(f"{flags}: only with --self-managed")
         return None
     if args.tls_cert or args.tls_key:
@@ -47,8 +52,7 @@ def _self_managed(args: argparse.Namespace) -> SelfManagedConfig | None:
 
     for name in ("interval", "lease_duration"):
         if name in given and not given[name] >= 1:
-            flag = "--check-interval" if name == "interval" else "--lease-duration"
-            raise UsageError(f"{flag} must be at least 1 second")
+            raise UsageError(f"{_flag(name)} must be at least 1 second")
     config = SelfManagedConfig(**given)
     try:
         service_dns_names(config.service, config.namespace)
