@@ -16,6 +16,7 @@ import socket
 import ssl
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -313,7 +314,7 @@ async def serve_forever(
     certificate: CertificateReloader | None = None,
     store: PolicyStore | None = None,
     duties: DutyStatus | None = None,
-    held: Any = None,
+    held: Coroutine[Any, Any, None] | None = None,
     parent_sentinel: int | None = None,
 ) -> int:
     """Serve until SIGTERM/SIGINT (or until the parent that supervises this worker is
