@@ -348,7 +348,8 @@ class Soak:
             f"--policy={self.policy}",
             f"--cert-dir={self.certs}",
             f"--audit-log={self.workdir / 'audit.log'}",
-            "--log-level=WARNING",
+            # INFO when the log is kept: it then shows each worker starting to serve.
+            f"--log-level={'INFO' if self.args.server_log else 'WARNING'}",
         ]
         if self.plane is not None:
             kubeconfig = self.workdir / "kubeconfig"
@@ -369,15 +370,15 @@ class Soak:
             self._ca = generate_ca(common_name="soak CA", valid_for=timedelta(days=7))
             write_files(self.certs, ca=self._ca, serving=self._leaf())
             argv += [f"--tls-cert={self.certs / 'tls.crt'}", f"--tls-key={self.certs / 'tls.key'}"]
-        log = (self.workdir / "serve.log").open("wb")
-        self.server = subprocess.Popen(
-            argv,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=self.workdir,
-            env={**os.environ, "POD_NAME": "soak-pod", "PYTHONPATH": str(ROOT)},
-            start_new_session=True,
-        )
+        with Path(self.args.server_log or self.workdir / "serve.log").open("wb") as log:
+            self.server = subprocess.Popen(
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                env={**os.environ, "POD_NAME": "soak-pod", "PYTHONPATH": str(ROOT)},
+                start_new_session=True,
+            )
         deadline = time.monotonic() + 120
         while len(worker_pids(self.health_port, asks=10)) < self.args.workers:
             if self.server.poll() is not None or time.monotonic() > deadline:
@@ -395,9 +396,8 @@ class Soak:
         )
 
     def log_tail(self) -> str:
-        return "\n".join(
-            (self.workdir / "serve.log").read_text(errors="replace").splitlines()[-30:]
-        )
+        log = Path(self.args.server_log or self.workdir / "serve.log")
+        return "\n".join(log.read_text(errors="replace").splitlines()[-30:])
 
     def start_generator(self, bodies: Path) -> queue.Queue[dict[str, Any]]:
         argv = [
@@ -694,12 +694,16 @@ def build_parser() -> argparse.ArgumentParser:
     soak.add_argument(
         "--no-apiserver", action="store_true", help="no control plane: plain serve, no API faults"
     )
+    soak.add_argument(
+        "--server-log", metavar="FILE", help="keep the server's log (at INFO) in FILE"
+    )
     replace = commands.add_parser(
         "replace", help="no load, no control plane: time worker replacements only"
     )
     replace.add_argument("--workers", type=int, default=2)
     replace.add_argument("--kills", type=int, default=10)
     replace.add_argument("--pause", type=float, default=6.0, help="seconds between kills")
+    replace.add_argument("--server-log", metavar="FILE", help="keep the server's log in FILE")
     load = commands.add_parser("load", help="(internal) the open-loop load generator")
     load.add_argument("--url", required=True)
     load.add_argument("--cafile", required=True)
