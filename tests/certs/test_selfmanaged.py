@@ -23,6 +23,15 @@ from webhook.dev.cluster import free_port
         ),
         (["--self-managed", "--namespace=Bad_NS"], "'Bad_NS' is not a DNS-1123 label"),
         (["--self-managed", "--namespace=ns", "--service=9svc"], "'9svc' is not a DNS-1035"),
+        (["--check-interval=5"], "--check-interval: only with --self-managed"),
+        (
+            ["--self-managed", "--namespace=ns", "--lease-duration=0.5"],
+            "--lease-duration must be at least 1 second",
+        ),
+        (
+            ["--self-managed", "--namespace=ns", "--check-interval=0"],
+            "--check-interval must be at least 1 second",
+        ),
     ],
 )
 def test_serve_refuses_inconsistent_flags(

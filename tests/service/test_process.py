@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -13,7 +14,8 @@ import ssl
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Iterator
+import urllib.request
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -258,3 +260,125 @@ def test_readme_curl_example_runs_as_written(server: Server) -> None:
 def test_shipped_review_is_what_the_builder_makes() -> None:
     shipped = json.loads((ROOT / "tests" / "reviews" / "hami-vgpu-pod.json").read_text())
     assert shipped == admission_review(POD, uid=shipped["request"]["uid"])
+
+
+def _pids(health_port: int) -> set[int]:
+    """The pids behind the health port: a new connection each time, so the kernel spreads
+    them over the workers; a few dozen asks find every worker alive."""
+    found: set[int] = set()
+    for _ in range(40):
+        with contextlib.suppress(OSError, ValueError):
+            request = urllib.request.Request(
+                f"http://127.0.0.1:{health_port}/readyz", headers={"Connection": "close"}
+            )
+            with urllib.request.urlopen(request, timeout=2) as response:  # noqa: S310  # our loopback port
+                found.add(json.load(response)["pid"])
+    return found
+
+
+def _wait_for(check: Callable[[], bool], what: str, server: Server, within: float = 30) -> None:
+    """Bounded wait for a state of processes we do not control (not a speed check)."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within:g}s: {what}\n{server.log()}")
+        time.sleep(0.05)
+
+
+def _gone(pid: int) -> bool:
+    """No process, not even a zombie, holds ``pid``."""
+    return not Path(f"/proc/{pid}").exists()
+
+
+def test_a_killed_worker_is_replaced_and_reaped(tmp_path: Path) -> None:
+    server = Server(tmp_path, "--workers", "2")
+    try:
+        server.wait_ready()
+        workers: set[int] = set()
+
+        def both() -> bool:
+            workers.update(_pids(server.health_port))
+            return len(workers) == 2
+
+        _wait_for(both, "2 workers", server)
+        victim = min(workers)
+        os.kill(victim, signal.SIGKILL)
+        _wait_for(lambda: _gone(victim), f"worker {victim} reaped", server)
+        survivors = workers - {victim}
+        now: set[int] = set()
+
+        def replaced() -> bool:
+            nonlocal now
+            now = _pids(server.health_port)
+            return len(now) == 2 and victim not in now
+
+        _wait_for(replaced, "a replacement answering beside the survivor", server)
+        assert survivors < now
+        assert f"(pid {victim}) exited with signal 9" in server.log()
+        # The replacement serves admission requests, not only probes.
+        context = server.context()
+        for uid in ("after-1", "after-2", "after-3", "after-4"):
+            request = urllib.request.Request(
+                f"https://localhost:{server.port}/mutate",
+                data=body(uid),
+                headers={"Content-Type": "application/json", "Connection": "close"},
+            )
+            with urllib.request.urlopen(request, timeout=5, context=context) as response:  # noqa: S310
+                assert json.load(response)["response"]["uid"] == uid
+        server.process.send_signal(signal.SIGTERM)
+        assert server.process.wait(30) == 0
+        for pid in now:
+            _wait_for(functools.partial(_gone, pid), f"worker {pid} stopped", server)
+    finally:
+        server.stop()
+
+
+def test_workers_stop_when_their_parent_is_killed(tmp_path: Path) -> None:
+    server = Server(tmp_path, "--workers", "2")
+    try:
+        server.wait_ready()
+        workers: set[int] = set()
+
+        def both() -> bool:
+            workers.update(_pids(server.health_port))
+            return len(workers) == 2
+
+        _wait_for(both, "2 workers", server)
+        server.process.kill()  # the parent only: the workers are left to notice
+        server.process.wait()
+        for pid in workers:
+            _wait_for(functools.partial(_gone, pid), f"orphaned worker {pid} stopped", server)
+    finally:
+        server.stop()
+
+
+def test_workers_that_cannot_boot_stop_the_parent(tmp_path: Path) -> None:
+    """Replacements that die at start (here: the policy file turned invalid after the
+    start) are not forked forever: the parent gives up and exits 1."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((ROOT / "policies" / "default.yaml").read_text())
+    server = Server(tmp_path, "--workers", "2", "--policy", str(policy))
+    try:
+        server.wait_ready()
+        workers: set[int] = set()
+
+        def both() -> bool:
+            workers.update(_pids(server.health_port))
+            return len(workers) == 2
+
+        _wait_for(both, "2 workers", server)
+        policy.write_text("spec: {onError: x}\n")
+        for pid in workers:
+            os.kill(pid, signal.SIGKILL)
+        assert server.process.wait(60) == 1
+        assert "to fail to boot: stopping" in server.log()
+    finally:
+        server.stop()
+
+
+def test_plain_serve_is_ready_without_duties(server: Server) -> None:
+    """Nothing is configured beyond serving: /readyz reports no duties."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{server.health_port}/readyz") as response:
+        ready = json.load(response)
+    assert ready["status"] == "ready"
+    assert "duties" not in ready

@@ -25,6 +25,7 @@ import base64
 import contextlib
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -85,6 +86,8 @@ class SelfManagedConfig:
     identity: str = field(default_factory=default_identity)
     interval: float = CHECK_INTERVAL
     ready_timeout: float = READY_TIMEOUT
+    # The Lease's duration; the holder renews three times within it, as client-go does.
+    lease_duration: float = LEASE_DURATION
     # The leader also keeps the webhooks' matchConditions and the CEL policies in step
     # with the policy in force (webhook.install.reconcile).
     keep_scope: bool = True
@@ -180,6 +183,10 @@ class SelfManagedCertificates:
         self._in_sync = False
         self._secret_found: bool | None = None
         self._missing_configs: set[str] = set()
+        # The Secret as last read or written, to put back if it is deleted.
+        self._last_secret: dict[str, Any] | None = None
+        # time.monotonic() at the end of the last check that raised nothing (0: none yet).
+        self.last_check = 0.0
         # More that only the leader does, after each check (blocking; in the check's thread).
         self.duties: list[Callable[[], object]] = []
         self._wake = asyncio.Event()
@@ -197,6 +204,8 @@ class SelfManagedCertificates:
             cert_dir=cert_dir,
             identity=config.identity,
             interval=config.interval,
+            lease_duration=config.lease_duration,
+            renew_interval=min(RENEW_INTERVAL, config.lease_duration / 3),
         )
 
     @property
@@ -323,8 +332,12 @@ class SelfManagedCertificates:
         bring ``cert_dir`` in line with the Secret. True when the files changed."""
         self._secret_found = None
         secret = self._read_secret()
+        if secret is None and self.is_leader and self._last_secret is not None:
+            secret = self._restore(self._last_secret)
         self._secret_found = secret is not None
         data = _decoded(secret)
+        if secret is not None:
+            self._last_secret = secret
         failure: Exception | None = None
         if self.is_leader:
             try:
@@ -335,7 +348,37 @@ class SelfManagedCertificates:
         changed = self._write_files(data)
         if failure is not None:
             raise failure
+        self.last_check = time.monotonic()
         return changed
+
+    def _restore(self, last: dict[str, Any]) -> dict[str, Any]:
+        """Create the deleted Secret again as this leader last saw it (CA, key, serving
+        pair, bundle, annotations): the certificates every replica serves stay trusted,
+        where a new CA would leave them untrusted until each picked up its new pair."""
+        metadata = last.get("metadata") or {}
+        body = {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {
+                "name": self.secret,
+                "namespace": self.namespace,
+                "labels": metadata.get("labels") or dict(_LABELS),
+                "annotations": metadata.get("annotations") or {},
+            },
+            "type": last.get("type") or "kubernetes.io/tls",
+            "data": last.get("data") or {},
+        }
+        created: dict[str, Any] = read_json(
+            self._core.create_namespaced_secret(
+                self.namespace, body, _preload_content=False, _request_timeout=self._timeout
+            )
+        )
+        log.warning(
+            "Secret %s/%s was deleted: created it again with the certificates it held",
+            self.namespace,
+            self.secret,
+        )
+        return created
 
     def _lead(self, secret: dict[str, Any] | None, data: dict[str, bytes]) -> dict[str, bytes]:
         # First make the apiserver trust what the Secret holds, so that a serving
@@ -408,8 +451,10 @@ class SelfManagedCertificates:
                 "type": "kubernetes.io/tls",
                 "data": encoded,
             }
-            self._core.create_namespaced_secret(
-                self.namespace, body, _preload_content=False, _request_timeout=self._timeout
+            self._last_secret = read_json(
+                self._core.create_namespaced_secret(
+                    self.namespace, body, _preload_content=False, _request_timeout=self._timeout
+                )
             )
             return
         metadata = secret.setdefault("metadata", {})
@@ -419,12 +464,14 @@ class SelfManagedCertificates:
         metadata["annotations"] = annotations | decision.annotations
         # Keys of others stay; the resourceVersion read makes a concurrent write fail.
         secret["data"] = {**(secret.get("data") or {}), **encoded}
-        self._core.replace_namespaced_secret(
-            self.secret,
-            self.namespace,
-            secret,
-            _preload_content=False,
-            _request_timeout=self._timeout,
+        self._last_secret = read_json(
+            self._core.replace_namespaced_secret(
+                self.secret,
+                self.namespace,
+                secret,
+                _preload_content=False,
+                _request_timeout=self._timeout,
+            )
         )
 
     def publish_bundle(self, bundle: bytes) -> bool:

@@ -22,7 +22,14 @@ _SELF_MANAGED_OPTIONS = (
     "webhook_config",
     "kubeconfig",
     "keep_scope",
+    "interval",
+    "lease_duration",
 )
+
+
+def _flag(option: str) -> str:
+    """The command-line flag of a SelfManagedConfig field."""
+    return "--check-interval" if option == "interval" else "--" + option.replace("_", "-")
 
 
 def _self_managed(args: argparse.Namespace) -> SelfManagedConfig | None:
@@ -32,7 +39,7 @@ def _self_managed(args: argparse.Namespace) -> SelfManagedConfig | None:
         if args.cluster:
             given.pop("kubeconfig", None)  # it also says where --cluster watches
         if given:
-            flags = ", ".join("--" + name.replace("_", "-") for name in given)
+            flags = ", ".join(_flag(name) for name in given)
             raise UsageError(f"{flags}: only with --self-managed")
         return None
     if args.tls_cert or args.tls_key:
@@ -43,6 +50,9 @@ def _self_managed(args: argparse.Namespace) -> SelfManagedConfig | None:
     from webhook.certs.issue import service_dns_names
     from webhook.certs.selfmanaged import SelfManagedConfig
 
+    for name in ("interval", "lease_duration"):
+        if name in given and not given[name] >= 1:
+            raise UsageError(f"{_flag(name)} must be at least 1 second")
     config = SelfManagedConfig(**given)
     try:
         service_dns_names(config.service, config.namespace)
@@ -279,6 +289,20 @@ def register(commands: Commands) -> None:
         default=None,
         help="leave the webhooks' matchConditions and the CEL policies as installed; by "
         "default the leader re-renders them from the policy in force whenever it changes",
+    )
+    managed.add_argument(
+        "--check-interval",
+        dest="interval",
+        type=float,
+        metavar="SECONDS",
+        help="check the Secret and the caBundle this often (default 60)",
+    )
+    managed.add_argument(
+        "--lease-duration",
+        type=float,
+        metavar="SECONDS",
+        help="the leader Lease's duration: a leader that stops without giving it up is "
+        "replaced this long after its last renewal (default 30, renewed every third)",
     )
     managed.add_argument(
         "--kubeconfig",

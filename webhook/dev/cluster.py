@@ -224,6 +224,8 @@ class DevCluster:
     api_port: int = field(default_factory=free_port)
     processes: list[_Process] = field(default_factory=list)
     webhook: Webhook | None = None
+    # The apiserver's serving certificate and key, once start_control_plane wrote them.
+    apiserver_pair: tuple[Path, Path] = (Path(), Path())
 
     @property
     def server(self) -> str:
@@ -254,10 +256,29 @@ class DevCluster:
             valid_for=timedelta(days=7),
         )
         paths = write_files(self._pki, ca=ca, serving=serving)
+        self.apiserver_pair = (paths.cert_file, paths.key_file)
         self._write_service_account_keys()
         self._write_tokens()
         self._start_etcd()
         self._start_apiserver(cert_file=paths.cert_file, key_file=paths.key_file)
+
+    # -- faults, for tests of what rides them out -------------------------------------
+
+    def stop_component(self, name: str) -> None:
+        """Stop ``etcd`` or ``kube-apiserver`` (SIGTERM, as a restart would)."""
+        for process in [p for p in self.processes if p.name == name]:
+            process.stop()
+            self.processes.remove(process)
+
+    def start_etcd(self) -> None:
+        """Start etcd again on its port and data directory: the cluster's state is kept."""
+        self._start_etcd()
+
+    def restart_apiserver(self) -> None:
+        """Stop kube-apiserver and start it again on the same port; returns when ready."""
+        self.stop_component("kube-apiserver")
+        cert_file, key_file = self.apiserver_pair
+        self._start_apiserver(cert_file=cert_file, key_file=key_file)
 
     def _write_service_account_keys(self) -> None:
         # A CA key pair doubles as the service-account signing key (ECDSA P-256, ES256).

@@ -16,7 +16,7 @@ import socket
 import ssl
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Final
 
@@ -31,6 +31,7 @@ from webhook.cluster.watch import ClusterWatch
 from webhook.cluster.watch import Settings as WatchSettings
 from webhook.service import loop as serving_loop
 from webhook.service.audit import AuditSink
+from webhook.service.duties import DutyStatus, exit_on_failure, hold
 from webhook.service.limits import (
     HEALTH_MAX_CONNECTIONS,
     LIMIT_NAMES,
@@ -43,6 +44,7 @@ from webhook.service.limits import (
 from webhook.service.metrics import Metrics
 from webhook.service.server import ServiceState, create_app, create_health_app
 from webhook.service.store import PolicyStore
+from webhook.service.supervisor import Supervisor
 from webhook.service.tracing import configure as configure_tracing
 
 if TYPE_CHECKING:
@@ -185,11 +187,13 @@ async def start(
     extra_tasks: list[Any] | None = None,
     store: PolicyStore | None = None,
     leading: Callable[[], bool] | None = None,
+    duties: DutyStatus | None = None,
 ) -> Service:
     """Start both listeners; returns once they accept connections.
 
     ``leading`` says whether this process writes policy reports (default: it does).
-    """
+    ``duties`` is what ``/readyz`` reports and requires of the duties configured (none:
+    ready once listening)."""
     store = store or PolicyStore(config.policy)
     # The ports before the audit file: one in use fails here, with nothing open to undo.
     try:
@@ -257,7 +261,11 @@ async def start(
         runner, sock, gate=gate, ssl_context=ssl_context, backlog=LISTEN_BACKLOG
     ).start()
     health = create_health_app(
-        state=state, metrics=metrics, store=store, cluster=cluster.status if cluster else None
+        state=state,
+        metrics=metrics,
+        store=store,
+        cluster=cluster.status if cluster else None,
+        duties=duties.report if duties else None,
     )
     health_runner = web.AppRunner(health, access_log=None, handle_signals=False)
     await health_runner.setup()
@@ -329,18 +337,42 @@ async def serve_forever(
     certificate: CertificateReloader | None = None,
     store: PolicyStore | None = None,
     leading: Callable[[], bool] | None = None,
-) -> None:
-    """Serve until SIGTERM/SIGINT; SIGHUP reloads the policy."""
+    duties: DutyStatus | None = None,
+    held: Coroutine[Any, Any, None] | None = None,
+    parent_sentinel: int | None = None,
+) -> int:
+    """Serve until SIGTERM/SIGINT (or until the parent that supervises this worker is
+    gone); SIGHUP reloads the policy. ``held`` runs the duties in this process: if it
+    fails, the process stops with status 1. The exit status."""
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
+    code = 0
+
+    def stop_with(status: int) -> None:
+        nonlocal code
+        code = max(code, status)
+        stop.set()
+
     service = await start(
-        config, ssl_context=ssl_context, extra_tasks=extra_tasks, store=store, leading=leading
+        config,
+        ssl_context=ssl_context,
+        extra_tasks=extra_tasks,
+        store=store,
+        leading=leading,
+        duties=duties,
     )
+    duty_task = None
+    if held is not None:
+        duty_task = asyncio.create_task(held)
+        duty_task.add_done_callback(exit_on_failure(stop_with))
     if certificate is not None:
         service.metrics.track_certificate(lambda: certificate.not_after.timestamp())
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, service.store.reload)
+    if parent_sentinel is not None:
+        # A worker outliving its parent would serve on with no one holding the duties.
+        loop.add_reader(parent_sentinel, stop_with, 1)
     log.info(
         "serving https://%s:%d (/mutate, /validate), health http://%s:%d, policy %s (%s), pid %d",
         config.host,
@@ -352,9 +384,22 @@ async def serve_forever(
         os.getpid(),
     )
     await stop.wait()
+    if parent_sentinel is not None:
+        loop.remove_reader(parent_sentinel)
     log.info("stopping: draining %d in-flight requests", service.state.in_flight)
     await service.stop()
+    if duty_task is not None:
+        # After the drain: a leader gives its Lease up last.
+        await _finish(duty_task)
     log.info("stopped after %d answers", service.state.served)
+    return code
+
+
+async def _finish(task: asyncio.Task[None]) -> None:
+    """Cancel ``task`` and wait for it; a failure was reported when it happened."""
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError, Exception):
+        await task
 
 
 def tls_for(config: ServerConfig) -> CertificateReloader:
@@ -374,48 +419,84 @@ def tls_for(config: ServerConfig) -> CertificateReloader:
     return CertificateReloader(paths.cert_file, paths.key_file, client_ca_file=config.client_ca)
 
 
-def _serve_process(config: ServerConfig, manage_certificates: bool = True) -> None:
-    """One serving process; with ``manage_certificates`` it also runs the self-managed
-    certificate loop (in one process of a pod only)."""
+def _serve_process(config: ServerConfig) -> int:
+    """One process that serves and, with ``--self-managed``, holds the duties."""
     tune_malloc()
-    serving_loop.run(_serve(config, manage_certificates=manage_certificates))
+    return serving_loop.run(_serve(config, hold_duties=True))
 
 
-def _worker(config: ServerConfig, manage_certificates: bool, log_level: int) -> None:
-    # A spawned process starts with logging unconfigured: log like the parent.
+def _worker(
+    config: ServerConfig, log_level: int, duties: DutyStatus | None, writes_reports: bool
+) -> None:
+    """A supervised worker: it serves; the parent holds the duties."""
+    # A forked worker starts with logging unconfigured: log like the parent.
     logging.basicConfig(level=log_level, stream=sys.stderr, format=LOG_FORMAT)
-    _serve_process(config, manage_certificates)
+    tune_malloc()
+    parent = multiprocessing.parent_process()
+    code = serving_loop.run(
+        _serve(
+            config,
+            hold_duties=False,
+            duties=duties,
+            parent_sentinel=parent.sentinel if parent is not None else None,
+            writes_reports=writes_reports,
+        )
+    )
+    sys.exit(code)
 
 
-async def _serve(config: ServerConfig, *, manage_certificates: bool) -> None:
-    extra_tasks: list[Any] = []
+async def _serve(
+    config: ServerConfig,
+    *,
+    hold_duties: bool,
+    duties: DutyStatus | None = None,
+    parent_sentinel: int | None = None,
+    writes_reports: bool = True,
+) -> int:
     store = PolicyStore(config.policy)
-    # Reports are written by one process of the replica that leads the Lease (without
-    # --self-managed: by the first process of each replica; run one for reports). The
-    # other processes of a replica never write: they neither watch pods nor scan.
-    if not manage_certificates:
+    # Reports are written by one process of each replica (a supervised replica's worker
+    # 0, which its replacement takes over), and only while the replica leads the Lease
+    # (without --self-managed: always; run one replica for reports). The other processes
+    # of a replica never write: they neither watch pods nor scan.
+    if not writes_reports:
         config = replace(config, reports=None)
-    leading: Callable[[], bool] = lambda: manage_certificates  # noqa: E731
-    if config.self_managed is not None and manage_certificates:
-        from webhook.certs.selfmanaged import SelfManagedCertificates
-
-        manager = SelfManagedCertificates.from_config(config.self_managed, cert_dir=config.cert_dir)
+    leading: Callable[[], bool] = lambda: True  # noqa: E731
+    held = None
+    if config.self_managed is not None and hold_duties:
+        manager, duties = await _prepare_duties(config, config.self_managed, store)
+        held = hold(duties, manager)
         leading = lambda: manager.is_leader  # noqa: E731
-        if config.self_managed.keep_scope:
-            _keep_scope(manager, store, config.self_managed)
-        # The first serving pair must be on disk before the server loads it.
-        await manager.ensure_ready(config.self_managed.ready_timeout)
-        extra_tasks.append(manager.run())
+    elif duties is not None and "certificates" in duties.names:
+        # The parent holds the Lease: its state comes through the shared block.
+        leading = duties.leader
     reloader = tls_for(config)
-    extra_tasks.append(reloader.watch(config.cert_poll_interval))
-    await serve_forever(
+    return await serve_forever(
         config,
         ssl_context=reloader.server_context,
-        extra_tasks=extra_tasks,
+        extra_tasks=[reloader.watch(config.cert_poll_interval)],
         certificate=reloader,
         store=store,
         leading=leading,
+        duties=duties,
+        held=held,
+        parent_sentinel=parent_sentinel,
     )
+
+
+async def _prepare_duties(
+    config: ServerConfig, self_managed: SelfManagedConfig, store: PolicyStore
+) -> tuple[SelfManagedCertificates, DutyStatus]:
+    """The certificate manager, with scope keeping when configured, once the first
+    serving pair is on disk (the server loads it at start)."""
+    from webhook.certs.selfmanaged import SelfManagedCertificates
+
+    manager = SelfManagedCertificates.from_config(self_managed, cert_dir=config.cert_dir)
+    names: tuple[str, ...] = ("certificates",)
+    if self_managed.keep_scope:
+        _keep_scope(manager, store, self_managed)
+        names += ("scope",)
+    await manager.ensure_ready(self_managed.ready_timeout)
+    return manager, DutyStatus.create(names)
 
 
 def _keep_scope(
@@ -437,45 +518,81 @@ def _keep_scope(
     store.listeners.append(on_reload)
 
 
-async def _fetch_self_managed(config: SelfManagedConfig, cert_dir: str) -> None:
-    from webhook.certs.selfmanaged import SelfManagedCertificates
+async def _supervise(config: ServerConfig) -> int:
+    """The parent of ``--workers N``: holds the duties, keeps N workers serving."""
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    code = 0
 
-    manager = SelfManagedCertificates.from_config(config, cert_dir=cert_dir)
-    await manager.ensure_ready(config.ready_timeout)
+    def stop_with(status: int) -> None:
+        nonlocal code
+        code = max(code, status)
+        stop.set()
 
-
-def run(config: ServerConfig) -> int:
-    """Serve in this process, or in ``workers`` processes sharing the ports."""
-    # Certificates are on disk before any worker starts: development certificates are
-    # generated once here; self-managed ones are fetched (or issued) once here, then
-    # kept current by the first worker, all workers sharing one Lease identity.
-    if config.self_managed is None:
-        tls_for(config)
-    elif config.workers > 1:
-        asyncio.run(_fetch_self_managed(config.self_managed, config.cert_dir))
-    if config.workers <= 1:
-        _serve_process(config)
-        return 0
-    context = multiprocessing.get_context("spawn")
+    tasks: list[asyncio.Task[None]] = []
+    duties: DutyStatus | None = None
+    store: PolicyStore | None = None
+    if config.self_managed is not None:
+        # Scope keeping re-renders when the policy changes: the parent watches it too.
+        store = PolicyStore(config.policy)
+        manager, duties = await _prepare_duties(config, config.self_managed, store)
+        held = asyncio.create_task(hold(duties, manager))
+        held.add_done_callback(exit_on_failure(stop_with))
+        tasks += [held, asyncio.create_task(store.watch(config.policy_poll_interval))]
+    else:
+        tls_for(config)  # development certificates: generated once, before any worker
     shared = replace(config, reuse_port=True)
     # A port held by another program fails here, in one line, not once per worker.
     for probe in _listen_both(shared):
         probe.close()
     level = logging.getLogger().getEffectiveLevel()
-    workers = [
-        context.Process(target=_worker, args=(shared, i == 0, level), name=f"worker-{i}")
-        for i in range(config.workers)
-    ]
-    for worker in workers:
-        worker.start()
+    context = multiprocessing.get_context("forkserver")
+    preload = [__name__]
+    if config.cluster:
+        # The view's client too, or each replacement would pay its imports before it
+        # listens: ~0.5 s for the client, ~0.4 s more for CoreV1Api's ~250 lazy modules.
+        preload += [
+            "webhook.cluster.watch",
+            "webhook.cluster.client",
+            "kubernetes.client",
+            "kubernetes.client.api.core_v1_api",
+        ]
+    context.set_forkserver_preload(preload)
+    supervisor = Supervisor(
+        context=context,
+        target=_worker,
+        args=lambda index: (shared, level, duties, index == 0),
+        count=config.workers,
+    )
 
-    def forward(signum: int, _frame: object) -> None:
-        for worker in workers:
-            if worker.pid is not None and worker.is_alive():
-                os.kill(worker.pid, signum)
+    def hang_up() -> None:
+        if store is not None:
+            store.reload()
+        supervisor.signal_all(signal.SIGHUP)
 
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, forward)
-    for worker in workers:
-        worker.join()
-    return max((w.exitcode or 0) for w in workers)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, hang_up)
+    supervisor.start()
+    log.info("supervising %d workers, pid %d", config.workers, os.getpid())
+    broken = asyncio.create_task(supervisor.broken.wait())
+    stopped = asyncio.create_task(stop.wait())
+    await asyncio.wait([broken, stopped], return_when=asyncio.FIRST_COMPLETED)
+    if broken.done():
+        code = 1
+    for waiter in (broken, stopped):
+        waiter.cancel()
+    # The workers drain first; then the duties stop, and a leader gives its Lease up.
+    code = max(code, await supervisor.stop(grace=config.shutdown_timeout + 5))
+    for task in tasks:
+        await _finish(task)
+    return code
+
+
+def run(config: ServerConfig) -> int:
+    """Serve in this process, or supervise ``workers`` processes sharing the ports."""
+    if config.workers <= 1:
+        if config.self_managed is None:
+            tls_for(config)
+        return _serve_process(config)
+    return serving_loop.run(_supervise(config))

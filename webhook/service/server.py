@@ -199,11 +199,15 @@ def create_health_app(
     metrics: Metrics,
     store: PolicyStore,
     cluster: Callable[[], Mapping[str, Any]] | None = None,
+    duties: Callable[[], tuple[bool, Mapping[str, Any]]] | None = None,
 ) -> web.Application:
     """Plain-HTTP probes and metrics, on their own port so probes need no TLS.
 
     ``cluster`` reports the cluster view for ``/readyz``. A stale view does not make
     the service unready: decisions fall back to the pod spec, so it still admits.
+    ``duties`` reports the duties configured (self-managed certificates, scope
+    keeping): while their holder has stopped or hangs, ``/readyz`` is 503. Without
+    duties the service is ready as soon as it listens.
     """
 
     async def healthz(_: web.Request) -> web.Response:
@@ -219,6 +223,11 @@ def create_health_app(
         }
         if cluster is not None:
             body["cluster"] = cluster()
+        if duties is not None:
+            running, body["duties"] = duties()
+            if not running:
+                body["status"] = "not ready"
+                return web.json_response(body, status=503)
         return web.json_response(body)
 
     async def metrics_handler(_: web.Request) -> web.Response:
