@@ -305,27 +305,41 @@ def test_cluster_view_mounts_the_token_also_with_cert_manager(helm: str) -> None
     ]
 
 
-def test_notes_warn_when_a_custom_policy_keeps_the_default_scope(helm: str) -> None:
-    result = run(
-        [
-            helm,
-            "install",
-            "gpushare-webhook",
-            str(CHART),
-            "--dry-run=client",
-            "--namespace",
-            NAMESPACE,
-            "--values",
-            str(CHART / "ci" / "strict-policy-values.yaml"),
-        ]
-    )
+def notes(helm: str, *settings: str) -> str:
+    argv = [helm, "install", "gpushare-webhook", str(CHART), "--dry-run=client"]
+    argv += ["--namespace", NAMESPACE]
+    for setting in settings:
+        argv += ["--set", setting]
+    result = run([*argv, "--values", str(CHART / "ci" / "strict-policy-values.yaml")])
     assert result.returncode == 0, result.stderr
-    assert "--print-match-conditions" in result.stdout
-    assert "--only cel" in result.stdout
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes_warn_when_a_custom_policy_keeps_the_default_scope(helm: str) -> None:
+    """With cert-manager certificates no replica rewrites the scope: the user renders it."""
+    text = notes(helm, "certificates.mode=cert-manager")
+    assert "--print-match-conditions" in text
+    assert "--only cel" in text
     default = run([helm, "install", "gpushare-webhook", str(CHART), "--dry-run=client"])
     assert default.returncode == 0, default.stderr
     assert "rollout status" in default.stdout
     assert "--print-match-conditions" not in default.stdout
+
+
+def test_notes_leave_rendering_to_the_leader_in_self_managed_mode(helm: str) -> None:
+    """The leader re-renders scope and CEL policies from the policy ConfigMap
+    (webhook.install.reconcile): telling the user to render them would be wrong."""
+    text = notes(helm)
+    assert "--print-match-conditions" not in text
+    assert "--only cel" not in text
+    assert "nothing to render yourself" in text
+    assert "ValidatingAdmissionPolicies" in text
+    assert "ValidatingAdmissionPolicies" not in notes(helm, "celPolicies.enabled=false")
+
+
+def test_notes_point_at_the_uninstall(helm: str) -> None:
+    for settings in ((), ("certificates.mode=cert-manager",)):
+        assert f"gpushare-webhook uninstall --namespace {NAMESPACE}" in notes(helm, *settings)
 
 
 # ---------------------------------------------------------------------- bad values
