@@ -36,6 +36,7 @@ from webhook.dev.cluster import DevCluster
 # (group, kind, plural, scope): what the chart creates beyond Kubernetes' own kinds.
 FOREIGN_KINDS = (
     ("monitoring.coreos.com", "ServiceMonitor", "servicemonitors", "Namespaced"),
+    ("monitoring.coreos.com", "PrometheusRule", "prometheusrules", "Namespaced"),
     ("cert-manager.io", "Issuer", "issuers", "Namespaced"),
     ("cert-manager.io", "ClusterIssuer", "clusterissuers", "Cluster"),
     ("cert-manager.io", "Certificate", "certificates", "Namespaced"),

@@ -1,10 +1,10 @@
-"""The Helm chart under test, and the helm and kubectl that render it.
+"""The Helm chart under test, and the helm, kubectl and promtool that render and check it.
 
 The chart is tested with Helm 4 and Helm 3 (:data:`HELM_MAJORS`). Helm 4 comes from
 $GPUSHARE_HELM, Helm 3 from $GPUSHARE_HELM3, else `hack/build-helm [3]` builds it from
 the Go module pinned in hack/helm or hack/helm3 (when Go is installed), else a helm on
-PATH of that major; kubectl from
-$GPUSHARE_KUBECTL, else $GPUSHARE_TESTBIN/kubectl, else hack/build-testbin. Without
+PATH of that major; promtool from $GPUSHARE_PROMTOOL, else hack/build-promtool; kubectl
+from $GPUSHARE_KUBECTL, else $GPUSHARE_TESTBIN/kubectl, else hack/build-testbin. Without
 them a test is skipped locally and fails in CI (CI set), as the control plane is.
 """
 
@@ -79,6 +79,16 @@ def find_helm(major: int = 4) -> str:
         f"cannot render the Helm chart with Helm {major}: {problem}; no Helm {major} on "
         f"PATH, {variable} unset"
     )
+
+
+def find_promtool() -> str:
+    """promtool from $GPUSHARE_PROMTOOL, else built by hack/build-promtool."""
+    if explicit := os.environ.get("GPUSHARE_PROMTOOL"):
+        return explicit
+    path, problem = _built("build-promtool", file="promtool")
+    if path:
+        return path
+    _unavailable(f"cannot check the alerting rules: {problem}; GPUSHARE_PROMTOOL unset")
 
 
 def find_kubectl() -> str:

@@ -279,6 +279,8 @@ def test_ha_example_adds_monitoring_and_a_network_policy(helm: str) -> None:
     objects = template(helm, values=[CHART / "ci" / "ha-values.yaml"])
     assert one(objects, "Deployment")["spec"]["replicas"] == 5
     assert one(objects, "PodDisruptionBudget")["spec"]["minAvailable"] == 3
+    assert one(objects, "PrometheusRule")["metadata"]["labels"]["release"] == "prometheus"
+    assert one(objects, "ConfigMap", "gpushare-webhook-dashboard")
     monitor = one(objects, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     selects = monitor["spec"]["selector"]["matchLabels"].items()

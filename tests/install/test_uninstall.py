@@ -80,7 +80,12 @@ CHART_SETTINGS = [
     [],
     ["certificates.mode=cert-manager"],
     ["clusterView.enabled=true", "clusterView.secrets=true"],
-    ["metrics.serviceMonitor.enabled=true", "networkPolicy.enabled=true"],
+    [
+        "metrics.serviceMonitor.enabled=true",
+        "metrics.prometheusRule.enabled=true",
+        "metrics.grafanaDashboard.enabled=true",
+        "networkPolicy.enabled=true",
+    ],
 ]
 
 
