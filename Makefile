@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint typecheck unit venv bench clean dev-cluster
+.PHONY: run test lint typecheck unit venv bench clean dev-cluster image
 
 $(BIN)/gpushare-webhook: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -45,6 +45,11 @@ DEV_KUBECONFIG ?= /tmp/gpushare-dev.kubeconfig
 dev-cluster: venv
 	$(if $(GPUSHARE_TESTBIN),,hack/build-testbin >/dev/null)
 	VENV=$(abspath $(VENV)) hack/dev-cluster --kubeconfig $(DEV_KUBECONFIG) $(ARGS)
+
+# The image, with docker or podman (hack/build-image); without either it prints the
+# command to run where one works and fails. IMAGE=... sets the tag.
+image:
+	hack/build-image
 
 bench: venv
 	$(BIN)/python bench/core.py
