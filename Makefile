@@ -2,7 +2,7 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 
-.PHONY: run test lint typecheck unit venv bench clean dev-cluster
+.PHONY: run test lint typecheck unit venv bench clean dev-cluster image
 
 $(BIN)/gpushare-webhook: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,13 +23,15 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# kube-apiserver and etcd for tests/e2e, and helm for the chart's tests, built from
-# Go modules and cached (seconds when cached); the image's wheel with the compiled core
+# kube-apiserver and etcd for tests/e2e, Helm 4 and 3 for the chart's tests and promtool for
+# its alerting rules, built from Go modules and cached (seconds when cached); the image's wheel with the compiled core
 # for tests/core/test_native.py (hack/build-native, a C compiler, about a minute after
 # an edit). Without Go or a compiler those tests say they are skipped; in CI they fail.
 unit: venv
 	GPUSHARE_TESTBIN="$$(command -v go >/dev/null && hack/build-testbin | tail -1)" \
 	GPUSHARE_HELM="$$(command -v go >/dev/null && hack/build-helm | tail -1)" \
+	GPUSHARE_HELM3="$$(command -v go >/dev/null && hack/build-helm 3 | tail -1)" \
+	GPUSHARE_PROMTOOL="$$(command -v go >/dev/null && hack/build-promtool | tail -1)" \
 	GPUSHARE_NATIVE="$$(command -v cc >/dev/null && PYTHON=$(BIN)/python hack/build-native | tail -1)" \
 	$(BIN)/pytest
 
@@ -43,6 +45,11 @@ DEV_KUBECONFIG ?= /tmp/gpushare-dev.kubeconfig
 dev-cluster: venv
 	$(if $(GPUSHARE_TESTBIN),,hack/build-testbin >/dev/null)
 	VENV=$(abspath $(VENV)) hack/dev-cluster --kubeconfig $(DEV_KUBECONFIG) $(ARGS)
+
+# The image, with docker or podman (hack/build-image); without either it prints the
+# command to run where one works and fails. IMAGE=... sets the tag.
+image:
+	hack/build-image
 
 bench: venv
 	$(BIN)/python bench/core.py

@@ -22,10 +22,12 @@ import yaml
 from tests.install.chart import (
     CHART,
     EXAMPLES,
+    HELM_MAJORS,
     NAMESPACE,
     documents,
     find_helm,
     find_kubectl,
+    helm_major,
     run,
     template_text,
 )
@@ -34,6 +36,7 @@ from webhook.dev.cluster import DevCluster
 # (group, kind, plural, scope): what the chart creates beyond Kubernetes' own kinds.
 FOREIGN_KINDS = (
     ("monitoring.coreos.com", "ServiceMonitor", "servicemonitors", "Namespaced"),
+    ("monitoring.coreos.com", "PrometheusRule", "prometheusrules", "Namespaced"),
     ("cert-manager.io", "Issuer", "issuers", "Namespaced"),
     ("cert-manager.io", "ClusterIssuer", "clusterissuers", "Cluster"),
     ("cert-manager.io", "Certificate", "certificates", "Namespaced"),
@@ -66,9 +69,12 @@ def minimal_crd(group: str, kind: str, plural: str, scope: str) -> dict[str, Any
     }
 
 
-@pytest.fixture(scope="module")
-def helm() -> str:
-    return find_helm()
+@pytest.fixture(scope="module", params=HELM_MAJORS, ids=lambda major: f"helm{major}")
+def helm(request: pytest.FixtureRequest) -> str:
+    """Each test that renders the chart runs with Helm 4 and with Helm 3."""
+    path = find_helm(request.param)
+    assert helm_major(path) == request.param, f"{path} is not Helm {request.param}"
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -180,3 +186,19 @@ def test_helm_install_dry_run_server(helm: str, kubeconfig: Path, example: Path 
     result = run(argv)
     assert result.returncode == 0, result.stderr
     assert "STATUS: pending-install" in result.stdout, result.stdout[:2000]
+
+
+@pytest.mark.usefixtures("prepared")
+@pytest.mark.parametrize("mode", ["self-managed", "cert-manager"])
+def test_notes_for_a_policy_of_your_own(helm: str, kubeconfig: Path, mode: str) -> None:
+    """Self-managed: the leader renders scope and CEL policies, the user has nothing to
+    render. cert-manager: nobody rewrites them, so the NOTES say how."""
+    argv = [helm, "install", "gpushare-webhook", str(CHART), "--namespace", NAMESPACE]
+    argv += ["--kubeconfig", str(kubeconfig), "--dry-run=server"]
+    argv += ["--values", str(CHART / "ci" / "strict-policy-values.yaml")]
+    result = run([*argv, "--set", f"certificates.mode={mode}"])
+    assert result.returncode == 0, result.stderr
+    notes = result.stdout.split("NOTES:", 1)[1]
+    told_to_render = "--print-match-conditions" in notes and "--only cel" in notes
+    assert told_to_render == (mode == "cert-manager"), notes
+    assert f"gpushare-webhook uninstall --namespace {NAMESPACE}" in notes

@@ -1,8 +1,10 @@
-"""The Helm chart under test, and the helm and kubectl that render it.
+"""The Helm chart under test, and the helm, kubectl and promtool that render and check it.
 
-helm comes from $GPUSHARE_HELM, else hack/build-helm builds it from the Go module
-pinned in hack/helm (when Go is installed), else one on PATH; kubectl from
-$GPUSHARE_KUBECTL, else $GPUSHARE_TESTBIN/kubectl, else hack/build-testbin. Without
+The chart is tested with Helm 4 and Helm 3 (:data:`HELM_MAJORS`). Helm 4 comes from
+$GPUSHARE_HELM, Helm 3 from $GPUSHARE_HELM3, else `hack/build-helm [3]` builds it from
+the Go module pinned in hack/helm or hack/helm3 (when Go is installed), else a helm on
+PATH of that major; promtool from $GPUSHARE_PROMTOOL, else hack/build-promtool; kubectl
+from $GPUSHARE_KUBECTL, else $GPUSHARE_TESTBIN/kubectl, else hack/build-testbin. Without
 them a test is skipped locally and fails in CI (CI set), as the control plane is.
 """
 
@@ -33,13 +35,13 @@ def _unavailable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-def _built(script: str, *, file: str) -> tuple[str | None, str]:
+def _built(script: str, *, file: str, argv: Sequence[str] = ()) -> tuple[str | None, str]:
     """The path hack/SCRIPT prints last (joined with FILE when it is a directory)."""
     go = os.environ.get("GO", "go")
     if not shutil.which(go):
         return None, f"no Go toolchain ({go}) to run hack/{script}"
     built = subprocess.run(
-        [str(ROOT / "hack" / script)], capture_output=True, text=True, check=False
+        [str(ROOT / "hack" / script), *argv], capture_output=True, text=True, check=False
     )
     lines = built.stdout.strip().splitlines()
     if built.returncode == 0 and lines:
@@ -50,15 +52,43 @@ def _built(script: str, *, file: str) -> tuple[str | None, str]:
     return None, f"hack/{script} failed ({built.returncode}): {built.stderr[-2000:]}"
 
 
-def find_helm() -> str:
-    if explicit := os.environ.get("GPUSHARE_HELM"):
+HELM_MAJORS: Final = (4, 3)
+_HELM_ENV: Final = {4: "GPUSHARE_HELM", 3: "GPUSHARE_HELM3"}
+
+
+def helm_major(helm: str) -> int | None:
+    """The major version ``helm version`` reports, None when it does not answer."""
+    result = run([helm, "version", "--template", "{{.Version}}"])
+    version = result.stdout.strip().removeprefix("v")
+    head = version.split(".", 1)[0]
+    return int(head) if result.returncode == 0 and head.isdigit() else None
+
+
+def find_helm(major: int = 4) -> str:
+    """A helm of ``major``: the one its variable names, else built, else on PATH."""
+    variable = _HELM_ENV[major]
+    if explicit := os.environ.get(variable):
         return explicit
-    path, problem = _built("build-helm", file="helm")
+    path, problem = _built("build-helm", file="helm", argv=(str(major),))
     if path:
         return path
-    if on_path := shutil.which("helm"):
+    on_path = shutil.which("helm")
+    if on_path and helm_major(on_path) == major:
         return on_path
-    _unavailable(f"cannot render the Helm chart: {problem}; no helm on PATH, GPUSHARE_HELM unset")
+    _unavailable(
+        f"cannot render the Helm chart with Helm {major}: {problem}; no Helm {major} on "
+        f"PATH, {variable} unset"
+    )
+
+
+def find_promtool() -> str:
+    """promtool from $GPUSHARE_PROMTOOL, else built by hack/build-promtool."""
+    if explicit := os.environ.get("GPUSHARE_PROMTOOL"):
+        return explicit
+    path, problem = _built("build-promtool", file="promtool")
+    if path:
+        return path
+    _unavailable(f"cannot check the alerting rules: {problem}; GPUSHARE_PROMTOOL unset")
 
 
 def find_kubectl() -> str:

@@ -23,12 +23,14 @@ import yaml
 from tests.install.chart import (
     CHART,
     EXAMPLES,
+    HELM_MAJORS,
     NAMESPACE,
     Obj,
     by_identity,
     documents,
     find_helm,
     find_kubectl,
+    helm_major,
     kustomize,
     run,
     template,
@@ -45,9 +47,12 @@ DEPLOY = ROOT / "deploy"
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
 
-@pytest.fixture(scope="module")
-def helm() -> str:
-    return find_helm()
+@pytest.fixture(scope="module", params=HELM_MAJORS, ids=lambda major: f"helm{major}")
+def helm(request: pytest.FixtureRequest) -> str:
+    """Each test that renders the chart runs with Helm 4 and with Helm 3."""
+    path = find_helm(request.param)
+    assert helm_major(path) == request.param, f"{path} is not Helm {request.param}"
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -274,6 +279,8 @@ def test_ha_example_adds_monitoring_and_a_network_policy(helm: str) -> None:
     objects = template(helm, values=[CHART / "ci" / "ha-values.yaml"])
     assert one(objects, "Deployment")["spec"]["replicas"] == 5
     assert one(objects, "PodDisruptionBudget")["spec"]["minAvailable"] == 3
+    assert one(objects, "PrometheusRule")["metadata"]["labels"]["release"] == "prometheus"
+    assert one(objects, "ConfigMap", "gpushare-webhook-dashboard")
     monitor = one(objects, "ServiceMonitor")
     assert monitor["metadata"]["labels"]["release"] == "prometheus"
     selects = monitor["spec"]["selector"]["matchLabels"].items()
@@ -305,27 +312,51 @@ def test_cluster_view_mounts_the_token_also_with_cert_manager(helm: str) -> None
     ]
 
 
-def test_notes_warn_when_a_custom_policy_keeps_the_default_scope(helm: str) -> None:
-    result = run(
-        [
-            helm,
-            "install",
-            "gpushare-webhook",
-            str(CHART),
-            "--dry-run=client",
-            "--namespace",
-            NAMESPACE,
-            "--values",
-            str(CHART / "ci" / "strict-policy-values.yaml"),
-        ]
-    )
+def client_side_install(helm: str) -> None:
+    """Skip where only a cluster renders NOTES."""
+    if helm_major(helm) == 3:
+        pytest.skip(
+            "Helm 3 reaches for a cluster even with --dry-run=client; "
+            "tests/e2e/test_chart.py checks its NOTES against an apiserver"
+        )
+
+
+def notes(helm: str, *settings: str) -> str:
+    client_side_install(helm)
+    argv = [helm, "install", "gpushare-webhook", str(CHART), "--dry-run=client"]
+    argv += ["--namespace", NAMESPACE]
+    for setting in settings:
+        argv += ["--set", setting]
+    result = run([*argv, "--values", str(CHART / "ci" / "strict-policy-values.yaml")])
     assert result.returncode == 0, result.stderr
-    assert "--print-match-conditions" in result.stdout
-    assert "--only cel" in result.stdout
+    return result.stdout.split("NOTES:", 1)[1]
+
+
+def test_notes_warn_when_a_custom_policy_keeps_the_default_scope(helm: str) -> None:
+    """With cert-manager certificates no replica rewrites the scope: the user renders it."""
+    text = notes(helm, "certificates.mode=cert-manager")
+    assert "--print-match-conditions" in text
+    assert "--only cel" in text
     default = run([helm, "install", "gpushare-webhook", str(CHART), "--dry-run=client"])
     assert default.returncode == 0, default.stderr
     assert "rollout status" in default.stdout
     assert "--print-match-conditions" not in default.stdout
+
+
+def test_notes_leave_rendering_to_the_leader_in_self_managed_mode(helm: str) -> None:
+    """The leader re-renders scope and CEL policies from the policy ConfigMap
+    (webhook.install.reconcile): telling the user to render them would be wrong."""
+    text = notes(helm)
+    assert "--print-match-conditions" not in text
+    assert "--only cel" not in text
+    assert "nothing to render yourself" in text
+    assert "ValidatingAdmissionPolicies" in text
+    assert "ValidatingAdmissionPolicies" not in notes(helm, "celPolicies.enabled=false")
+
+
+def test_notes_point_at_the_uninstall(helm: str) -> None:
+    for settings in ((), ("certificates.mode=cert-manager",)):
+        assert f"gpushare-webhook uninstall --namespace {NAMESPACE}" in notes(helm, *settings)
 
 
 # ---------------------------------------------------------------------- bad values

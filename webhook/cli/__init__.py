@@ -1,4 +1,5 @@
-"""The ``gpushare-webhook`` command line: review, lint, serve, certs, manifests, verify, report, inspect.
+"""The ``gpushare-webhook`` command line: review, lint, serve, certs, manifests, uninstall,
+verify, report, inspect.
 
 Each subcommand lives in a module of its own with a ``register`` function; this one
 assembles them and maps domain errors to one clear line on stderr and an exit code,
@@ -11,7 +12,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from webhook.cli import certs, inspect, manifests, report, review, serve, verify
+from webhook.cli import certs, inspect, manifests, report, review, serve, uninstall, verify
 from webhook.cli.common import EXIT_OK, EXIT_USAGE, Parser, UsageError
 from webhook.core.policy import PolicyError
 from webhook.version import version
@@ -24,7 +25,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"gpushare-webhook {version()}")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    for command in (review, serve, certs, manifests, verify, report, inspect):
+    for command in (review, serve, certs, manifests, uninstall, verify, report, inspect):
         command.register(commands)
     return parser
 

@@ -15,6 +15,8 @@ from webhook.cli.common import EXIT_DENIED, EXIT_OK, Commands, UsageError
 from webhook.core.cluster import view_from_objects
 from webhook.core.policy import PolicyError, describe_yaml_error
 from webhook.core.review import ReviewEntry, review_object
+from webhook.install.celpolicy import SYSTEM_NAMESPACES
+from webhook.install.manifests import BASE_NAMESPACE
 from webhook.policies import load_policy
 
 
@@ -95,6 +97,7 @@ def command_review(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> i
         if args.cluster
         else None
     )
+    objects = list(read_manifests(args.file, stdin))
     entries = [
         review_object(
             obj,
@@ -105,8 +108,9 @@ def command_review(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> i
             operation=args.operation,
             cluster=cluster,
         )
-        for obj in read_manifests(args.file, stdin)
+        for obj in objects
     ]
+    _note_excluded(objects, args.namespace, args.install_namespace)
     if args.output == "json":
         stdout.write(orjson.dumps(entries, option=orjson.OPT_INDENT_2).decode() + "\n")
     elif args.output == "yaml":
@@ -114,6 +118,32 @@ def command_review(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> i
     else:
         stdout.write(_text_report(entries))
     return EXIT_OK if all(e["allowed"] for e in entries) else EXIT_DENIED
+
+
+def excluded_namespaces(install_namespace: str) -> tuple[str, ...]:
+    """The namespaces the install keeps out of admission: the webhooks' namespaceSelector
+    and the CEL policies' exclude them (kube-system, and the install's own)."""
+    system = [ns for ns in SYSTEM_NAMESPACES if ns != BASE_NAMESPACE]
+    return (*system, install_namespace)
+
+
+def _note_excluded(
+    objects: Sequence[dict[str, Any]], namespace: str | None, install_namespace: str
+) -> None:
+    """One line on stderr per excluded namespace reviewed in: the verdicts printed are
+    what the policy decides, but the apiserver never asks it there. stdout (the JSON
+    contract) is unchanged."""
+    excluded = excluded_namespaces(install_namespace)
+    seen: set[str] = set()
+    for obj in objects:
+        where = namespace or str((obj.get("metadata") or {}).get("namespace") or "")
+        if where in excluded and where not in seen:
+            seen.add(where)
+            sys.stderr.write(
+                f"note: the install excludes namespace {where} (the webhooks' "
+                "namespaceSelector and the CEL policies skip it): objects there are admitted "
+                "without these checks; the verdicts are what the policy would decide elsewhere\n"
+            )
 
 
 def command_lint(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
@@ -145,6 +175,13 @@ def register(commands: Commands) -> None:
     review.add_argument("--policy", help="policy file (default: the bundled default policy)")
     review.add_argument("-o", "--output", choices=["json", "yaml", "text"], default="text")
     review.add_argument("--namespace", help="namespace to review in (default: the object's)")
+    review.add_argument(
+        "--install-namespace",
+        default=BASE_NAMESPACE,
+        metavar="NS",
+        help=f"namespace the webhook is installed in, which the install excludes like "
+        f"kube-system (default: {BASE_NAMESPACE})",
+    )
     review.add_argument("--user", help="requesting user, to test exemptions")
     review.add_argument("--group", action="append", help="requesting user's group (repeatable)")
     review.add_argument(

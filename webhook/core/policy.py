@@ -575,31 +575,57 @@ def parse_policy(text: str, *, base: Policy | None, source: str = "<policy>") ->
     _normalise_rule_actions(document)
     # (line, column, field) first: errors are read top to bottom, next to the file.
     found: list[tuple[tuple[int, int], str, str]] = []
+    refused: list[list[Any]] = []
     for error in _VALIDATOR.iter_errors(document):
         path = list(error.absolute_path)
         keys = _offending_keys(error, document)
         for key in keys:
             dotted = ".".join(str(p) for p in [*path, key])
             found.append((_position_of(node, [*path, key]), dotted, _describe(error)))
+            refused.append([*path, key])
         if not keys:
             dotted = ".".join(str(p) for p in path) or "(top level)"
             found.append((_position_of(node, path), dotted, _describe(error)))
-    if found:
+            refused.append(path)
+    # The semantic checks need a compiled policy. With schema errors they run on the
+    # document without the parts the schema refused, when that much is valid, so one
+    # pass lists both kinds rather than the second only after the first is fixed.
+    checked = document if not found else _without(document, refused)
+    policy = None
+    if checked is not None and (checked is document or not any(_VALIDATOR.iter_errors(checked))):
+        policy = compile_policy(checked, base=base)
+        # Checked on the compiled policy: whether a name is a GPU resource depends on the base.
+        for path, why in _scheduler_problems(checked, policy) + _mig_problems(policy):
+            found.append((_position_of(node, path), ".".join(map(str, path)), why))
+    if found or policy is None:
         found.sort()
         errors = [f"line {line}: {dotted}: {what}" for (line, _), dotted, what in found]
         raise PolicyError(source, errors)
-    policy = compile_policy(document, base=base)
-    # Checked on the compiled policy: whether a name is a GPU resource depends on the base.
-    problems = _scheduler_problems(document, policy) + _mig_problems(policy)
-    if problems:
-        raise PolicyError(
-            source,
-            [
-                f"line {_position_of(node, path)[0]}: {'.'.join(map(str, path))}: {why}"
-                for path, why in problems
-            ],
-        )
     return policy
+
+
+def _without(document: dict[str, Any], paths: list[list[Any]]) -> dict[str, Any] | None:
+    """A copy of ``document`` with the value at each path removed; None when a path is
+    the whole document (nothing would be left to check)."""
+    if any(not path for path in paths):
+        return None
+    pruned = copy.deepcopy(document)
+    # Deepest first, list indices from the back, so a removal does not shift another path.
+    for path in sorted(
+        paths, key=lambda p: (len(p), p[-1] if isinstance(p[-1], int) else -1), reverse=True
+    ):
+        parent: Any = pruned
+        for step in path[:-1]:
+            try:
+                parent = parent[step]
+            except (KeyError, IndexError, TypeError):
+                parent = None
+                break
+        if isinstance(parent, dict):
+            parent.pop(path[-1], None)
+        elif isinstance(parent, list) and isinstance(path[-1], int) and path[-1] < len(parent):
+            del parent[path[-1]]
+    return pruned
 
 
 def _offending_keys(error: jsonschema.ValidationError, document: Any) -> list[str]:
