@@ -152,6 +152,19 @@ def test_uninstall_leaves_nothing_of_the_install(
     kube(kubectl, kubeconfig, "create", "namespace", "elsewhere")
     kube(kubectl, kubeconfig, "-n", "elsewhere", "create", "configmap", "shared")
     kube(kubectl, kubeconfig, "-n", "elsewhere", "label", "configmap", "shared", LABEL)
+    # A policy report the leader wrote in a tenant's namespace (serve --reports).
+    kube(kubectl, kubeconfig, "wait", "--for=condition=established", "crd/reports.openreports.io")
+    report = {
+        "apiVersion": "openreports.io/v1alpha1",
+        "kind": "Report",
+        "metadata": {
+            "name": "gpushare-webhook",
+            "namespace": "elsewhere",
+            "labels": {"app.kubernetes.io/managed-by": "gpushare-webhook"},
+        },
+        "summary": {"fail": 1},
+    }
+    kube(kubectl, kubeconfig, "apply", "-f", "-", stdin=yaml.safe_dump(report))
 
     policy = tmp_path / "policy.yaml"
     policy.write_text(POLICY)
@@ -196,6 +209,7 @@ def test_uninstall_leaves_nothing_of_the_install(
     assert "would delete MutatingWebhookConfiguration gpushare-webhook" in dry.stdout
     assert "would delete Lease gpushare-system/gpushare-webhook-tls-leader" in dry.stdout
     assert "would delete Namespace gpushare-system" in dry.stdout
+    assert "would delete Report elsewhere/gpushare-webhook" in dry.stdout
     assert "tenant-notes" not in dry.stdout, "a user's object is not the install's"
     assert ours(kubectl, kubeconfig) == before, "a dry run deleted something"
 
@@ -223,6 +237,7 @@ def test_uninstall_leaves_nothing_of_the_install(
     assert names(kubectl, kubeconfig, "-n", "elsewhere", "configmaps", "-l", LABEL) == {
         "configmap/shared"
     }
+    assert names(kubectl, kubeconfig, "-n", "elsewhere", "reports.openreports.io") == set()
 
     again = uninstall(kubeconfig)
     assert again.returncode == 0, again.stderr

@@ -12,7 +12,10 @@ What is ours, found two ways so that neither a renamed label nor a missing one h
   creates (cluster-wide for cluster-scoped kinds, in the install's namespace for the rest:
   a labelled object elsewhere is not the install's to delete). This catches the chart's
   optional objects (metrics Service, ServiceMonitor, PrometheusRule, dashboard ConfigMap,
-  NetworkPolicy) and an older install's CEL policies under names no longer rendered.
+  NetworkPolicy) and an older install's CEL policies under names no longer rendered;
+- the policy reports the leader wrote (``serve --reports``) in every namespace, by the
+  ``app.kubernetes.io/managed-by=gpushare-webhook`` label it writes them with, once the
+  Deployment's pods are gone.
 
 Never a CustomResourceDefinition: the ServiceMonitor, PrometheusRule, cert-manager and
 report kinds belong to the tools that define them, and other installs use them too. A CR
@@ -40,6 +43,8 @@ from typing import Any, Final
 
 import orjson
 
+from webhook.core.scan import API_VERSIONS as REPORT_APIS
+from webhook.core.scan import MANAGED_BY
 from webhook.install import celpolicy
 from webhook.install.manifests import OVERLAYS, build, deploy_root, overlay_dir, set_namespace
 
@@ -123,6 +128,13 @@ REST_KINDS: Final = (
     _kind("ServiceAccount", "v1", "serviceaccounts"),
 )
 NAMESPACE_KIND: Final = _kind("Namespace", "v1", "namespaces", namespaced=False)
+# The policy reports the leader writes in every namespace it judges (serve --reports):
+# found cluster-wide by the label it writes them with. Their CRDs are shared, and stay.
+REPORT_KINDS: Final = (
+    _kind("Report", REPORT_APIS["openreports"][0], "reports"),
+    _kind("PolicyReport", REPORT_APIS["wgpolicyk8s"][0], "policyreports"),
+)
+REPORT_SELECTOR: Final = ",".join(f"{k}={v}" for k, v in sorted(MANAGED_BY.items()))
 STAGES: Final = (WEBHOOK_KINDS, WORKLOAD_KINDS, CEL_KINDS, REST_KINDS)
 KINDS: Final = tuple(kind for stage in STAGES for kind in stage)
 
@@ -328,22 +340,67 @@ class Uninstaller:
                 self._delete(found.kind, found.name, outcome, verb=verb, what=str(found))
             if stage is WORKLOAD_KINDS and not self.dry_run:
                 self._wait_for_pods(outcome)
+            if stage is WORKLOAD_KINDS:
+                for report in self.reports(outcome):
+                    self._delete(
+                        report.kind,
+                        report.name,
+                        outcome,
+                        verb=verb,
+                        what=str(report),
+                        namespace=report.namespace,
+                    )
         self._delete_namespace(outcome, verb=verb)
         if not self.dry_run:
             # What could not be read was said above: this pass names only what is left.
-            for left in self.find(KINDS):
+            for left in [*self.find(KINDS), *self.reports()]:
                 if not left.terminating:
                     outcome.problems.append(f"{left} is still there after its delete")
         return outcome
 
-    def _delete(self, kind: Kind, name: str, outcome: Outcome, *, verb: str, what: str) -> None:
+    def reports(self, outcome: Outcome | None = None) -> list[Found]:
+        """The policy reports the leader wrote, in every namespace."""
+        found: list[Found] = []
+        for kind in REPORT_KINDS:
+            root = f"/apis/{kind.api_version}/{kind.plural}"
+            status, body = self._rest.call("GET", root, query=[("labelSelector", REPORT_SELECTOR)])
+            if status == _NOT_FOUND:
+                continue  # the CRD is not installed: no report of that kind exists
+            if status != _OK:
+                if outcome is not None:
+                    outcome.problems.append(f"cannot list {kind.plural}: {_message(status, body)}")
+                continue
+            for item in body.get("items") or []:
+                metadata = item.get("metadata") or {}
+                found.append(
+                    Found(
+                        kind=kind,
+                        name=str(metadata.get("name")),
+                        namespace=str(metadata.get("namespace")),
+                        labelled=True,
+                        terminating=bool(metadata.get("deletionTimestamp")),
+                    )
+                )
+        return found
+
+    def _delete(
+        self,
+        kind: Kind,
+        name: str,
+        outcome: Outcome,
+        *,
+        verb: str,
+        what: str,
+        namespace: str | None = None,
+    ) -> None:
         # Background: the Deployment's ReplicaSets and pods go by garbage collection.
         body: Obj = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
         if self.dry_run:
             # In the body: with a body, the apiserver reads DeleteOptions from it alone and
             # ignores a dryRun query parameter (the delete would happen).
             body["dryRun"] = ["All"]
-        status, answer = self._rest.call("DELETE", kind.path(self.namespace, name), body=body)
+        where = self.namespace if namespace is None else namespace
+        status, answer = self._rest.call("DELETE", kind.path(where, name), body=body)
         if status in (_OK, _ACCEPTED):
             outcome.done.append(f"{verb} {what}")
         elif status == _NOT_FOUND:
