@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import select
+import shlex
 import signal
 import subprocess
 import sys
@@ -16,6 +17,15 @@ import pytest
 from tests.paths import ROOT
 
 pytestmark = pytest.mark.e2e
+
+DOCS_KUBECONFIG = "/tmp/gpushare-dev.kubeconfig"
+
+
+def docs_example() -> list[str]:
+    """docs/development.md's kubectl lines against the dev cluster, in order."""
+    text = (ROOT / "docs" / "development.md").read_text()
+    prefix = f"    kubectl --kubeconfig {DOCS_KUBECONFIG} "
+    return [line.strip() for line in text.splitlines() if line.startswith(prefix)]
 
 
 def test_dev_cluster_serves_until_sigterm(bin_dir: Path, tmp_path: Path) -> None:
@@ -67,10 +77,25 @@ def test_dev_cluster_serves_until_sigterm(bin_dir: Path, tmp_path: Path) -> None
         }
         created = core.create_namespaced_pod("dev", pod)
         assert created.spec.scheduler_name == "hami-scheduler"
+        # The docs' example, as written (bar the kubeconfig's path and kubectl's).
+        for command in docs_example():
+            argv = shlex.split(command.replace(DOCS_KUBECONFIG, str(kubeconfig)))
+            argv[0] = str(bin_dir / "kubectl")
+            done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, check=False)
+            assert done.returncode == 0, (command, done.stderr)
+        assert "CUDA_DEVICE_MEMORY_LIMIT_0" in done.stdout, "the example pod is mutated"
+        # The install's CEL policies are there too.
+        admission: Any = client.AdmissionregistrationV1Api(api)
+        assert {p.metadata.name for p in admission.list_validating_admission_policy().items} >= {
+            "gpushare-deny"
+        }
         api.close()
+        kept = Path(re.search(r"audit (\S+) \(kept after exit\)", line).group(1))  # type: ignore[union-attr]
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
         assert not workdir.exists()
+        assert kept.read_text().strip(), "the audit log is kept after exit"
+        kept.unlink()
     finally:
         if process.poll() is None:
             process.kill()

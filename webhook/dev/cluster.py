@@ -574,9 +574,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", help="policy file (default: policies/default.yaml)")
     parser.add_argument("--bin-dir", help="kube-apiserver/etcd directory (default: build them)")
     parser.add_argument(
-        "--cel-policies",
+        "--no-cel-policies",
         action="store_true",
-        help="also create the CEL rules' ValidatingAdmissionPolicies (what the install applies)",
+        help="leave out the CEL rules' ValidatingAdmissionPolicies (the install has them)",
     )
     args = parser.parse_args(argv)
     policy_source = (
@@ -590,19 +590,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     workdir = Path(tempfile.mkdtemp(prefix="gpushare-dev-"))
+    # The audit log outlives the cluster: `gpushare-webhook report --audit-log` reads it after.
+    kept_audit = workdir.with_name(workdir.name + "-audit.log")
     # The webhook watches this copy: edit --policy's file and send SIGHUP, or edit this one.
     policy = workdir / "policy.yaml"
     try:
         policy.write_bytes(policy_source.read_bytes())
         bin_dir = find_binaries(args.bin_dir)
         with running(bin_dir=bin_dir, policy=policy, workdir=workdir) as cluster:
-            if args.cel_policies:
+            if not args.no_cel_policies:
                 cluster.register_cel_policies()
             cluster.write_kubeconfig(Path(args.kubeconfig))
             print(
                 f"ready: kube-apiserver {cluster.server}, webhook {cluster.webhook.url if cluster.webhook else ''}, "
-                f"kubeconfig {args.kubeconfig}, policy {policy}, audit {workdir / 'audit.log'}, "
-                "cluster view and policy reports on",
+                f"kubeconfig {args.kubeconfig}, policy {policy}, audit {kept_audit} "
+                "(kept after exit), cluster view and policy reports on"
+                + ("" if args.no_cel_policies else ", CEL policies on"),
                 flush=True,
             )
             while not stop.wait(0.5):
@@ -613,6 +616,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"dev-cluster: {exc}", file=sys.stderr)
         return 1
     finally:
+        with contextlib.suppress(OSError):
+            shutil.copyfile(workdir / "audit.log", kept_audit)
         shutil.rmtree(workdir, ignore_errors=True)
     return 0
 
