@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from webhook.core.admission import answer
-from webhook.core.record import owner_of, record_of
+from webhook.core.record import PROBE_LABEL, owner_of, record_of
 from webhook.core.wire import parse_review
 from webhook.dev.testing import admission_review
 from webhook.policies import DEFAULT_POLICY
@@ -93,3 +93,15 @@ def test_record_of_an_answer_carries_the_given_time_and_the_decision() -> None:
         "name": "p",
     }
     assert "error" not in record
+
+
+@pytest.mark.parametrize(("dry_run", "probe"), [(True, True), (False, False)])
+def test_a_labelled_probe_is_marked_only_when_it_is_a_dry_run(dry_run: bool, probe: bool) -> None:
+    pod = {
+        "metadata": {"name": "probe", "namespace": "p", "labels": {PROBE_LABEL: "true"}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": "1"}}}]},
+    }
+    version, request = parse_review(admission_review(pod, dry_run=dry_run))
+    answered = answer(version, request, DEFAULT_POLICY, endpoint="validate")
+    record = record_of(answered, endpoint="validate", policy_hash="h", latency_s=0.0, stamped="T")
+    assert record.get("probe", False) is probe

@@ -170,3 +170,13 @@ def test_records_of_the_wrong_shape_are_read_without_error(record: dict[str, Any
     report = summarise([record])
     assert report["records"] == 1
     assert report["rows"] == []
+
+
+def test_a_harness_probe_is_left_out_but_only_when_it_was_a_dry_run() -> None:
+    denied = [("node-name-pinning", "deny")]
+    probe = {**rec(violations=denied, name="probe"), "probe": True}
+    report = summarise([probe])
+    assert report["rows"] == [] and report["records"] == 0
+    # A record is marked a probe only for a dry run (webhook.core.record.record_of): a
+    # created pod carrying the label is counted like any other.
+    assert len(summarise([rec(violations=denied, name="p")])["rows"]) == 1

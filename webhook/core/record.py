@@ -41,6 +41,8 @@ class AuditRecord(TypedDict, total=False):
     objectRef: ObjectRef
     owner: Owner
     dryRun: bool
+    # A harness's dry-run probe (PROBE_LABEL): `report` leaves it out.
+    probe: bool
     endpoint: str
     allowed: bool
     mode: str
@@ -50,6 +52,11 @@ class AuditRecord(TypedDict, total=False):
     policyHash: str
     latencyMs: float
     error: str
+
+
+# The label of a harness's own probe pods (the dev cluster's): their dry-run requests are
+# recorded with ``probe`` and the rollout report leaves them out.
+PROBE_LABEL: Final = "gpushare.io/probe"
 
 
 def owner_of(metadata: Mapping[str, Any]) -> Owner | None:
@@ -140,6 +147,9 @@ def record_of(
     owner = owner_of(metadata)
     if owner is not None:
         record["owner"] = owner
+    # Only a dry run: a label anyone can set must not hide a pod that was created.
+    if record["dryRun"] and as_mapping(metadata.get("labels")).get(PROBE_LABEL) == "true":
+        record["probe"] = True
     if decision.exempt:
         record["exempt"] = True
     if error is not None:

@@ -33,6 +33,7 @@ from cryptography.hazmat.primitives import serialization
 
 from webhook.certs.files import write_files
 from webhook.certs.issue import generate_ca, generate_serving
+from webhook.core.record import PROBE_LABEL
 from webhook.files import write_atomic
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -509,7 +510,12 @@ class DevCluster:
         pod: dict[str, Any] = {
             "apiVersion": "v1",
             "kind": "Pod",
-            "metadata": {"name": "probe", "namespace": "gpushare-probe"},
+            "metadata": {
+                "name": "probe",
+                "namespace": "gpushare-probe",
+                # Its dry-run refusals are the harness's, not a workload's: report skips them.
+                "labels": {PROBE_LABEL: "true"},
+            },
             "spec": {
                 "containers": [
                     {
