@@ -112,6 +112,26 @@ TENANT_RULES: Final[list[Obj]] = [
 ]
 
 
+def grant(kubectl: Kubectl, namespace: str, rules: list[Obj], subjects: list[Obj]) -> None:
+    """A Role ``tenant`` of ``rules`` in ``namespace``, bound to ``subjects``."""
+    role: Obj = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "Role",
+        "metadata": {"name": "tenant", "namespace": namespace},
+        "rules": rules,
+    }
+    binding: Obj = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "RoleBinding",
+        "metadata": {"name": "tenant", "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
+        "subjects": subjects,
+    }
+    for obj in (role, binding):
+        result = kubectl.apply(obj)
+        assert result.returncode == 0, result.stderr
+
+
 @pytest.fixture
 def tenancy(cluster: DevCluster, kubectl: Kubectl) -> str:
     """A fresh namespace where alice has a tenant's edit rights, and HAMi's scheduler and
@@ -122,12 +142,6 @@ def tenancy(cluster: DevCluster, kubectl: Kubectl) -> str:
     random one instead.)"""
     namespace = f"bypass-{uuid.uuid4().hex[:10]}"
     cluster.create_namespace(namespace)
-    role: Obj = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": "tenant", "namespace": namespace},
-        "rules": TENANT_RULES,
-    }
     subjects = [
         {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": TENANT},
         {"kind": "ServiceAccount", "name": "hami-scheduler", "namespace": "kube-system"},
@@ -135,15 +149,7 @@ def tenancy(cluster: DevCluster, kubectl: Kubectl) -> str:
         # What a tenant can make in its own namespace: an account named like HAMi's.
         {"kind": "ServiceAccount", "name": "hami-scheduler", "namespace": namespace},
     ]
-    binding: Obj = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": "tenant", "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
-        "subjects": subjects,
-    }
-    for obj in (role, binding):
-        assert kubectl.apply(obj).returncode == 0
+    grant(kubectl, namespace, TENANT_RULES, subjects)
     return namespace
 
 

@@ -29,6 +29,7 @@ from tests.e2e.test_bypass import (
     container,
     debug,
     ephemeral_names,
+    grant,
     kubectl,  # noqa: F401  # a fixture this module uses
     pod,
     workload,
@@ -91,21 +92,8 @@ def tenancy(cluster: DevCluster, kubectl: Kubectl) -> str:  # noqa: F811
     """A fresh namespace where alice has a tenant's edit rights."""
     namespace = f"threat-{uuid.uuid4().hex[:10]}"
     cluster.create_namespace(namespace)
-    role: Obj = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": "tenant", "namespace": namespace},
-        "rules": TENANT_RULES,
-    }
-    binding: Obj = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": {"name": "tenant", "namespace": namespace},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "tenant"},
-        "subjects": [{"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": TENANT}],
-    }
-    for obj in (role, binding):
-        assert kubectl.apply(obj).returncode == 0
+    user = {"kind": "User", "apiGroup": "rbac.authorization.k8s.io", "name": TENANT}
+    grant(kubectl, namespace, TENANT_RULES, [user])
     return namespace
 
 
