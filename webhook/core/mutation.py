@@ -384,15 +384,21 @@ def needs_void(spec: Mapping[str, Any], requests: PodRequests) -> bool:
     return False
 
 
-def _void_ops(out: Patch, view: PodView, policy: Policy) -> None:
+def _void_ops(out: Patch, view: PodView, requests: PodRequests, policy: Policy) -> None:
     """NVIDIA_VISIBLE_DEVICES=void for every container that asks for no GPU and does not
     set the variable itself (a value the user set is judged, never rewritten)."""
+    # What asks for one of the policy's resources is known already: no second look.
+    asking = {(request.kind, request.index) for request in requests.containers}
     for kind in ("containers", "initContainers"):
         containers = view.spec.get(kind)
         if not isinstance(containers, list):
             continue
         for index, container in enumerate(containers):
-            if not isinstance(container, MAPPINGS) or asks_for_gpu(container, policy):
+            if (
+                (kind, index) in asking
+                or not isinstance(container, MAPPINGS)
+                or asks_for_gpu(container, policy)
+            ):
                 continue
             env = container.get("env")
             pointer = f"{view.spec_pointer}/{kind}/{index}/env"
@@ -427,7 +433,7 @@ def _edits(
     if mode in ("vgpu", "mps"):
         _mode_edits(out, view, requests, mode, policy, injection)
     if needs_void(view.spec, requests):
-        _void_ops(out, view, policy)
+        _void_ops(out, view, requests, policy)
 
 
 def _mode_edits(

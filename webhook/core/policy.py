@@ -24,6 +24,9 @@ if TYPE_CHECKING:
 
 API_VERSION: Final = "gpushare.io/v1alpha1"
 KIND: Final = "GPUSharePolicy"
+# The extended resources DRA serves from a DeviceClass (DRAExtendedResource): a pod that
+# asks for deviceclass.resource.kubernetes.io/gpu.nvidia.com gets a claim on that class.
+DEVICE_CLASS_RESOURCE: Final = "deviceclass.resource.kubernetes.io/"
 
 RULE_IDS: Final = (
     "privileged-gpu",
@@ -392,6 +395,9 @@ class Policy:
     # namespaces that may claim them (gpu-claim).
     gpu_device_classes: tuple[str, ...] = ()
     claim_namespaces: tuple[str, ...] = ()
+    # (deviceclass.resource.kubernetes.io/<class>, class) of each GPU device class: the
+    # extended resource DRA serves the class under (DRAExtendedResource).
+    gpu_class_resources: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -413,6 +419,14 @@ class Policy:
             self,
             "reserved_prefixes",
             tuple(re.split(r"[*?\[]", p, maxsplit=1)[0] for p in self.reserved_annotations),
+        )
+        self._class_resources()
+
+    def _class_resources(self) -> None:
+        object.__setattr__(
+            self,
+            "gpu_class_resources",
+            tuple((DEVICE_CLASS_RESOURCE + c, c) for c in self.gpu_device_classes),
         )
 
     def action(self, rule: str) -> Action:

@@ -11,14 +11,20 @@ from typing import Any, Final, Literal, NamedTuple
 from webhook.core.env import effective_env, env_value, legacy_image, opaque, spelling_prefixes
 from webhook.core.finding import Finding, quoted
 from webhook.core.injection import MPS_LIMIT_VARS, VGPU_LIMIT_PREFIXES, Injection
-from webhook.core.policy import DEFAULT_SCHEDULER, RULE_IDS, Mode, Policy, match_any
+from webhook.core.policy import (
+    DEFAULT_SCHEDULER,
+    DEVICE_CLASS_RESOURCE,
+    RULE_IDS,
+    Mode,
+    Policy,
+    match_any,
+)
 from webhook.core.resources import (
     CONTAINER_KINDS,
     ContainerKind,
     ContainerRequest,
     PodRequests,
     asks_for_gpu,
-    claims,
     describe,
 )
 from webhook.core.workload import MAPPINGS, PodView, as_mapping
@@ -506,52 +512,46 @@ def host_namespaces(subject: Subject) -> Iterator[Finding]:
         )
 
 
-# The extended resources DRA serves from a DeviceClass (DRAExtendedResource): a pod that
-# asks for deviceclass.resource.kubernetes.io/gpu.nvidia.com gets a claim on that class.
-DEVICE_CLASS_RESOURCE: Final = "deviceclass.resource.kubernetes.io/"
-
-
-def _class_resources(spec: Mapping[str, Any], policy: Policy) -> Iterator[tuple[str, str]]:
+def _class_resources(spec: Mapping[str, Any], policy: Policy) -> list[tuple[str, str]]:
     """(container label, class) of every resource a container asks DRA for by class."""
+    # A lookup per GPU class and part, not a scan of every resource name: this runs on
+    # every pod created.
+    wanted = policy.gpu_class_resources
+    found: list[tuple[str, str]] = []
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
         for container in containers if isinstance(containers, list) else ():
             if not isinstance(container, MAPPINGS):
                 continue
-            resources = as_mapping(container.get("resources"))
+            resources = container.get("resources")
+            if resources is None:
+                continue
+            resources = as_mapping(resources)
             for part in ("limits", "requests"):
-                for name in as_mapping(resources.get(part)):
-                    if isinstance(name, str) and name.startswith(DEVICE_CLASS_RESOURCE):
-                        device_class = name[len(DEVICE_CLASS_RESOURCE) :]
-                        if device_class in policy.gpu_device_classes:
-                            yield _label(kind, container), device_class
+                amounts = as_mapping(resources.get(part))
+                for name, device_class in wanted:
+                    if name in amounts:
+                        item = (_label(kind, container), device_class)
+                        if item not in found:  # in limits and requests: once
+                            found.append(item)
+    return found
 
 
 def gpu_claims(subject: Subject, policy: Policy) -> Iterator[Finding]:
     """A pod asking DRA for a GPU device class by its extended resource outside the
     namespaces that may claim GPUs, and a pod that takes a DRA claim beside GPU-sharing
     resources (the claim's devices are outside the sharing ledger)."""
-    if not subject.created:
-        return
     spec = subject.view.spec
-    if not match_any(subject.namespace, policy.claim_namespaces):
-        for label, device_class in dict.fromkeys(_class_resources(spec, policy)):
+    if policy.gpu_class_resources and not match_any(subject.namespace, policy.claim_namespaces):
+        for label, device_class in _class_resources(spec, policy):
             yield Finding(
                 "gpu-claim",
                 f"{label}: {DEVICE_CLASS_RESOURCE}{device_class} asks DRA for whole GPUs the "
                 "sharing scheduler never counts; request GPU slices in resources.limits",
             )
-    if not subject.requests.sharing:
-        return
-    pod_claims = spec.get("resourceClaims")
-    taken = isinstance(pod_claims, list) and bool(pod_claims)
-    if not taken:
-        for kind in CONTAINER_KINDS:
-            containers = spec.get(kind)
-            for container in containers if isinstance(containers, list) else ():
-                if isinstance(container, MAPPINGS) and claims(container):
-                    taken = True
-    if taken:
+    # A container's resources.claims must name one of the pod's (the apiserver refuses
+    # it otherwise): the pod's list says whether any container takes a claim.
+    if subject.requests.sharing and spec.get("resourceClaims"):
         yield Finding(
             "gpu-claim",
             "a pod with GPU-sharing resources also takes a resource claim; ask for GPUs one "
@@ -733,7 +733,7 @@ def evaluate(subject: Subject, policy: Policy) -> list[Finding]:
             findings.extend(gpu_quota(subject, policy))
             findings.extend(scheduler_bypass(subject, policy))
     findings.extend(forged_allocation(subject, policy))
-    if subject.created and (subject.requests.sharing or policy.gpu_device_classes):
+    if subject.created:
         findings.extend(gpu_claims(subject, policy))
     if len(findings) > 1:
         findings.sort(key=lambda finding: _RULE_ORDER[finding.rule])

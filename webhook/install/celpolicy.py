@@ -75,7 +75,14 @@ from typing import Any, Final
 from webhook.core.env import GUARDED_NAMES, GUARDED_PREFIXES
 from webhook.core.injection import injection_for
 from webhook.core.objects import DEVICE_CLASS, ENV_SOURCES
-from webhook.core.policy import DEFAULT_SCHEDULER, Action, Identities, Ledger, Policy
+from webhook.core.policy import (
+    DEFAULT_SCHEDULER,
+    DEVICE_CLASS_RESOURCE,
+    Action,
+    Identities,
+    Ledger,
+    Policy,
+)
 from webhook.core.resources import CONTAINER_KINDS
 from webhook.core.rules import (
     _CONFIG_ROOTS,
@@ -83,7 +90,6 @@ from webhook.core.rules import (
     _DEVICE_PREFIXES,
     _DEVICE_REQUEST_DIRS,
     _SIDE_ROOTS,
-    DEVICE_CLASS_RESOURCE,
     STACK_FILE_PREFIXES,
     STACK_ROOTS,
     SYS_ADMIN,
@@ -732,11 +738,8 @@ def _claims(policy: Policy) -> str:
     """gpu-claim of a pod (or template): a GPU device class asked for by its extended
     resource outside the namespaces that may claim GPUs; a claim beside sharing resources."""
     spec, containers = "variables.spec", "variables.containers"
-    taken = (
-        f"(has({spec}.resourceClaims) && size({spec}.resourceClaims) > 0) || "
-        f"{containers}.exists(c, has(c.resources) && has(c.resources.claims) && "
-        "size(c.resources.claims) > 0)"
-    )
+    # A container's resources.claims must name one of the pod's: the pod's list says it.
+    taken = f"has({spec}.resourceClaims) && size({spec}.resourceClaims) > 0"
     terms = [f"variables.sharing && ({taken})"]
     if policy.gpu_device_classes:
         classes = sorted(DEVICE_CLASS_RESOURCE + c for c in policy.gpu_device_classes)

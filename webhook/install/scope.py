@@ -57,9 +57,8 @@ from webhook.core.injection import (
     VOLUME_MPS_PIPE,
     VOLUME_PRELOAD,
 )
-from webhook.core.policy import Policy
+from webhook.core.policy import DEVICE_CLASS_RESOURCE, Policy
 from webhook.core.resources import CONTAINER_KINDS
-from webhook.core.rules import DEVICE_CLASS_RESOURCE
 from webhook.core.workload import TEMPLATE_PATHS
 
 CONDITION_NAME: Final = "gpushare.io/gpu-relevant"
