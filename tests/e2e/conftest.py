@@ -6,6 +6,7 @@ skip that says how to get one.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -56,3 +57,17 @@ def namespace(cluster: DevCluster, request: pytest.FixtureRequest) -> str:
     name: str = "e2e-" + request.node.name.replace("_", "-").lower()[:40].strip("-")
     cluster.create_namespace(name)
     return name
+
+
+@contextlib.contextmanager
+def own_control_plane(bin_dir: Path, workdir: Path) -> Iterator[DevCluster]:
+    """etcd and kube-apiserver of their own, nothing registered, with a kubeconfig at
+    ``workdir/kubeconfig``: for tests that install or remove what the session cluster
+    has registered under the install's names."""
+    cluster = DevCluster(workdir=workdir, bin_dir=bin_dir, policy=workdir / "unused.yaml")
+    try:
+        cluster.start_control_plane()
+        cluster.write_kubeconfig(workdir / "kubeconfig")
+        yield cluster
+    finally:
+        cluster.stop()

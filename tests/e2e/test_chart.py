@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.e2e.conftest import own_control_plane
 from tests.install.chart import (
     CHART,
     EXAMPLES,
@@ -87,20 +88,13 @@ def bare(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[De
     """A control plane of its own with nothing installed, as a cluster is before
     `helm install`: the session cluster registers gpushare-webhook configurations that
     no Helm release owns, which helm rightly refuses to adopt."""
-    workdir = tmp_path_factory.mktemp("chart-cluster")
-    cluster = DevCluster(workdir=workdir, bin_dir=bin_dir, policy=workdir / "unused.yaml")
-    try:
-        cluster.start_control_plane()
+    with own_control_plane(bin_dir, tmp_path_factory.mktemp("chart-cluster")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
 def kubeconfig(bare: DevCluster) -> Path:
-    path = bare.workdir / "kubeconfig"
-    bare.write_kubeconfig(path)
-    return path
+    return bare.workdir / "kubeconfig"
 
 
 @pytest.fixture(scope="module")

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from tests.e2e import serving
+from tests.e2e.conftest import own_control_plane
 from tests.install.chart import find_kubectl, run
 from webhook.dev.cluster import DevCluster
 from webhook.install import celpolicy, manifests
@@ -85,20 +86,13 @@ def kubectl() -> str:
 def bare(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
     """A control plane of its own: the session cluster registers configurations under the
     install's names, which an uninstall here would take away from the other tests."""
-    workdir = tmp_path_factory.mktemp("uninstall-cluster")
-    cluster = DevCluster(workdir=workdir, bin_dir=bin_dir, policy=workdir / "unused.yaml")
-    try:
-        cluster.start_control_plane()
+    with own_control_plane(bin_dir, tmp_path_factory.mktemp("uninstall-cluster")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(scope="module")
 def kubeconfig(bare: DevCluster) -> Path:
-    path = bare.workdir / "kubeconfig"
-    bare.write_kubeconfig(path)
-    return path
+    return bare.workdir / "kubeconfig"
 
 
 def kube(kubectl: str, kubeconfig: Path, *argv: str, stdin: str | None = None) -> str:
