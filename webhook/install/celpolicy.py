@@ -256,7 +256,7 @@ def _get(root: str, path: Iterable[str]) -> str:
     return f"({' && '.join(guards)} ? {node} : {{}})"
 
 
-def _template(root: str, leaf: str) -> str:
+def template(root: str, leaf: str) -> str:
     """``leaf`` (spec or metadata) of the pod or pod template in ``root`` by kind."""
     expression = "{}"
     by_path: dict[tuple[str, ...], list[str]] = {}
@@ -269,11 +269,11 @@ def _template(root: str, leaf: str) -> str:
     return f"request.kind.kind == 'Pod' ? {_get(root, (leaf,))} : {expression}"
 
 
-def _containers(spec: str) -> str:
+def container_list(spec: str) -> str:
     return " + ".join(f"(has({spec}.{kind}) ? {spec}.{kind} : [])" for kind in CONTAINER_KINDS)
 
 
-def _asks(container: str, test: str) -> str:
+def asks_test(container: str, test: str) -> str:
     """``container`` asks for a resource ``r`` (in limits or requests) that passes ``test``."""
     c = container
     return (
@@ -285,7 +285,7 @@ def _asks(container: str, test: str) -> str:
 
 def _requests(containers: str, test: str) -> str:
     """A container asks for a resource ``r`` (in limits or requests) that passes ``test``."""
-    return f"{containers}.exists(c, {_asks('c', test)})"
+    return f"{containers}.exists(c, {asks_test('c', test)})"
 
 
 def _mig_test(policy: Policy) -> str:
@@ -293,7 +293,7 @@ def _mig_test(policy: Policy) -> str:
     return " || ".join(f"r.startsWith({literal(p)})" for p in prefixes) or "false"
 
 
-def _gpu(policy: Policy, containers: str) -> str:
+def gpu_test(policy: Policy, containers: str) -> str:
     """Any GPU request (``PodRequests.gpu``): a resource of the policy or a MIG one."""
     listed = f"r in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else "false"
     return _requests(containers, f"{listed} || {_mig_test(policy)}")
@@ -361,10 +361,10 @@ def variables(policy: Policy) -> list[Obj]:
     """The pod spec, metadata, containers and GPU request of the object and the old one."""
     pod_update = "request.kind.kind == 'Pod' && request.operation == 'UPDATE' && oldObject != null"
     return [
-        {"name": "spec", "expression": _template("object", "spec")},
-        {"name": "meta", "expression": _template("object", "metadata")},
-        {"name": "containers", "expression": _containers("variables.spec")},
-        {"name": "gpu", "expression": _gpu(policy, "variables.containers")},
+        {"name": "spec", "expression": template("object", "spec")},
+        {"name": "meta", "expression": template("object", "metadata")},
+        {"name": "containers", "expression": container_list("variables.spec")},
+        {"name": "gpu", "expression": gpu_test(policy, "variables.containers")},
         {
             "name": "created",
             "expression": "request.kind.kind != 'Pod' || request.operation == 'CREATE'",
@@ -375,8 +375,8 @@ def variables(policy: Policy) -> list[Obj]:
             "name": "oldMeta",
             "expression": f"{pod_update} ? {_get('oldObject', ('metadata',))} : {{}}",
         },
-        {"name": "oldContainers", "expression": _containers("variables.oldSpec")},
-        {"name": "oldGpu", "expression": _gpu(policy, "variables.oldContainers")},
+        {"name": "oldContainers", "expression": container_list("variables.oldSpec")},
+        {"name": "oldGpu", "expression": gpu_test(policy, "variables.oldContainers")},
         {"name": "annotations", "expression": _annotations("variables.meta")},
         {"name": "oldAnnotations", "expression": _annotations("variables.oldMeta")},
         {"name": "sharing", "expression": _sharing(policy, "variables.containers")},
@@ -436,7 +436,7 @@ def _asks_for_gpu(policy: Policy, c: str) -> str:
     test = f"r.lowerAscii().contains('gpu'){listed} || {_mig_test(policy)}"
     return (
         f"(has({c}.resources) && has({c}.resources.claims) && size({c}.resources.claims) > 0) "
-        f"|| ({_asks(c, test)})"
+        f"|| ({asks_test(c, test)})"
     )
 
 
@@ -685,7 +685,7 @@ def _pod_rule(test: PodTest) -> str:
     return f"!(({new}) && !(variables.podUpdate && ({old})))"
 
 
-def _wanted_scheduler(policy: Policy) -> str:
+def wanted_scheduler(policy: Policy) -> str:
     """``Policy.scheduler_for`` of a sharing pod: a resource's scheduler when every
     sharing resource the pod asks for is listed for that scheduler, else its mode's
     (``variables.mode``, chosen as the core chooses it), else the policy's."""
@@ -704,14 +704,14 @@ def _wanted_scheduler(policy: Policy) -> str:
         terms = []
         other_slices = [r for r in slices if r not in resources]
         if other_slices:
-            terms.append(_asks("c", f"r in {_list(other_slices)}"))
+            terms.append(asks_test("c", f"r in {_list(other_slices)}"))
         for count in sharing:
             if count not in policy.count_resources or count in resources:
                 continue
-            term = _asks("c", f"r == {literal(count)}")
+            term = asks_test("c", f"r == {literal(count)}")
             own = [r for r in slices if count.startswith(r.split("/", 1)[0] + "/")]
             if own:
-                term += f" && !({_asks('c', f'r in {_list(own)}')})"
+                term += f" && !({asks_test('c', f'r in {_list(own)}')})"
             terms.append(term)
         other = " || ".join(f"({t})" for t in terms) or "false"
         expression = (
@@ -724,7 +724,7 @@ def _scheduler(policy: Policy) -> str:
     name = "variables.spec.schedulerName"
     if policy.resource_schedulers or policy.mode_schedulers:
         static = {"", DEFAULT_SCHEDULER, *policy.allowed_schedulers}
-        allowed = f"{name} in {_list(sorted(static))} || {name} == ({_wanted_scheduler(policy)})"
+        allowed = f"{name} in {_list(sorted(static))} || {name} == ({wanted_scheduler(policy)})"
     else:
         static = {"", DEFAULT_SCHEDULER, policy.scheduler_name, *policy.allowed_schedulers}
         allowed = f"{name} in {_list(sorted(static))}"

@@ -4,17 +4,62 @@ Kubernetes 1.36 serves MutatingAdmissionPolicy as admissionregistration.k8s.io/v
 (on by default). There the apiserver itself gives a GPU-sharing pod its slice, so
 a pod is capped while no replica of the service answers. Rendered from a compiled
 :class:`~webhook.core.policy.Policy`, beside the ValidatingAdmissionPolicies of
-:mod:`webhook.install.celpolicy`; held equal to the decision core's mutation by
-tests/e2e/test_mutatingpolicy.py.
+:mod:`webhook.install.celpolicy` (whose variables and mode choice it shares); held
+equal to :mod:`webhook.core.mutation` by tests/e2e/test_mutatingpolicy.py.
+
+Two policies, each for pods and the workload kinds' pod templates:
+
+- ``gpushare-mutate`` (failurePolicy Fail), for objects that ask for a GPU resource
+  of the policy: in mode vgpu or mps the scheduler, the mode annotation, the
+  volumes, and per sharing container (and init container) its env and mounts and the
+  implied count resource; in every mode the void for the containers that ask for no
+  GPU.
+- ``gpushare-void`` (failurePolicy Ignore), for objects that ask for no GPU but name
+  ``CUDA_VERSION`` or an ``NVIDIA_*`` variable: the void, and nothing else. Ignore, so
+  that a CEL error never blocks a pod that shares no GPU; the raw-visible-devices
+  validation still refuses a legacy container left without it.
+
+Patch types, per field:
+
+- Everything the mutation sets is one ApplyConfiguration: the apiserver merges
+  containers, env and volumes by name and mounts by mountPath (server-side apply's
+  keys), so running it again on its own output sets the same values, whatever another
+  mutating webhook did in between (reinvocationPolicy IfNeeded). It cannot remove a
+  list entry, nor replace a field it does not set (an entry's ``valueFrom``, a mount's
+  ``subPath``): merged into such an entry, the pod would carry both and be refused.
+- So a JSONPatch runs first and removes, by index from the last, only what the
+  apply cannot fix: an env entry of a wanted name that takes ``valueFrom`` or that a
+  later entry of the same name repeats, a stray vGPU limit variable, a mount at one of
+  the injected mountPaths that differs from the injected one, a volume of an injected
+  name that differs. Remove ops carry no value: kube-apiserver 1.36.0-1.36.4 mishandle
+  JSONPatch values that are objects or lists (kubernetes#140557), and a removal's
+  effect is gone once applied, so a rerun finds nothing to remove.
+
+CEL cannot read the cluster, so what the cluster view decides stays the webhook's:
+a memory percentage stays a percentage here (HAMi's device plugin turns it into the
+limit when it allocates), and with the view on, the webhook registered beside these
+policies turns it into MiB first.
 
 Pure: a policy in, a list of objects out.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, Final
 
-from webhook.core.policy import Policy
+from webhook.core.injection import (
+    CACHE_DIR,
+    LIBRARY_PATH,
+    MODE_ANNOTATION,
+    injection_for,
+)
+from webhook.core.mutation import VOID
+from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
+from webhook.core.resources import MAX_COUNT, MAX_GIB, MAX_MIB
+from webhook.core.workload import TEMPLATE_PATHS
+from webhook.install import celpolicy
+from webhook.install.scope import literal
 
 Obj = dict[str, Any]
 
@@ -24,18 +69,563 @@ BINDING_KIND: Final = "MutatingAdmissionPolicyBinding"
 KINDS: Final = (POLICY_KIND, BINDING_KIND)
 # What the apiserver serves the kind as, for discovery (Helm's .Capabilities too).
 SERVED_AS: Final = f"{API_VERSION}/{POLICY_KIND}"
-# Every name this module may render (policies and bindings share them), for RBAC
-# and uninstall: pods, workload templates (spec.template), CronJobs
-# (spec.jobTemplate.spec.template), and the void for containers that ask for no GPU.
-POLICY_NAMES: Final = (
-    "gpushare-mutate-pods",
-    "gpushare-mutate-templates",
-    "gpushare-mutate-cronjobs",
-    "gpushare-void",
+MUTATE: Final = "gpushare-mutate"
+VOID_POLICY: Final = "gpushare-void"
+# Every name this module may render (policies and bindings share them), for RBAC and
+# uninstall.
+POLICY_NAMES: Final = (MUTATE, VOID_POLICY)
+
+_VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
+_PRIORITY: Final = "^[ \\t\\n\\r\\f\\v]*-?[0-9]{1,9}[ \\t\\n\\r\\f\\v]*$"
+
+
+def _list(items: Iterable[str]) -> str:
+    return "[" + ", ".join(literal(item) for item in items) + "]"
+
+
+# ------------------------------------------------------------------------ shapes
+
+
+class _Shape:
+    """Where objects of some kinds keep a pod spec and metadata: the CEL path to read
+    them and the ApplyConfiguration type names to write them."""
+
+    def __init__(self, kinds: Sequence[str], path: Sequence[str]) -> None:
+        self.kinds = tuple(kinds)
+        self.path = tuple(path)
+        self.read = ".".join(("object", *path))
+        self.type = ".".join(("Object", *path))
+
+    def wrap(self, fields: str) -> str:
+        """``Object{...}`` holding ``fields`` (metadata and spec) at this shape's path."""
+        body = fields
+        for depth in range(len(self.path), 0, -1):
+            parent = ".".join(("Object", *self.path[: depth - 1]))
+            step = self.path[depth - 1]
+            body = f"{step}: {parent}.{step}{{{body}}}"
+        return f"Object{{{body}}}"
+
+
+def _shapes() -> list[_Shape]:
+    by_path: dict[tuple[str, ...], list[str]] = {(): ["Pod"]}
+    for kind, path in TEMPLATE_PATHS.items():
+        by_path.setdefault(tuple(path), []).append(kind)
+    return [_Shape(kinds, path) for path, kinds in by_path.items()]
+
+
+# ------------------------------------------------------------- one container's CEL
+
+# In the expressions below a container is ``c``, its limits ``L`` and requests ``R``.
+_BIND_PARTS: Final = (
+    "cel.bind(L, has(c.resources) && has(c.resources.limits) ? c.resources.limits : {}, "
+    "cel.bind(R, has(c.resources) && has(c.resources.requests) ? c.resources.requests : {}, "
 )
+
+
+def _values(resources: Iterable[str]) -> str:
+    """The values ``c`` asks of ``resources`` (its limit, else its request), in name order."""
+    return f"{_list(sorted(resources))}.filter(r, r in L || r in R).map(r, r in L ? L[r] : R[r])"
+
+
+def _amount(resources: Iterable[str], *, high: int, scale: int = 1) -> str:
+    """The first of ``resources`` that ``c`` asks for as an integer 1..high times
+    ``scale``, or -1: anything else is the invalid-gpu-request validation's to refuse."""
+    if not resources:
+        return "-1"
+    scaled = "q.asInteger()" + (f" * {scale}" if scale != 1 else "")
+    return (
+        f"cel.bind(v, {_values(resources)}, size(v) > 0 && cel.bind(q, quantity(string(v[0])), "
+        f"q.isInteger() && q.asInteger() >= 1 && q.asInteger() <= {high}) ? "
+        f"cel.bind(q, quantity(string(v[0])), {scaled}) : -1)"
+    )
+
+
+def _current(name: str) -> str:
+    """The value of ``c``'s last env entry named ``name``; empty when there is none or
+    it takes ``valueFrom`` (the mutation then sets ours)."""
+    return (
+        f"cel.bind(es, has(c.env) ? c.env.filter(e, e.name == {literal(name)}) : [], "
+        "size(es) > 0 && !has(es[size(es) - 1].valueFrom) && has(es[size(es) - 1].value) "
+        "? es[size(es) - 1].value : '')"
+    )
+
+
+def _entry(name: str, value: str) -> str:
+    # string(): a value computed through a binding is dyn, and a list's maps must agree.
+    return f"{{'name': {literal(name)}, 'value': string({value})}}"
+
+
+def _priority(policy: Policy) -> str:
+    """The priority resource's value as text, or HAMi-core's default 1."""
+    if not policy.priority_resources:
+        return "'1'"
+    return (
+        f"cel.bind(v, {_values(policy.priority_resources)}, size(v) > 0 && "
+        "string(v[0]).matches('^-?[0-9]{1,9}$') ? string(int(string(v[0]))) : '1')"
+    )
+
+
+def _vgpu_wants(policy: Policy) -> str:
+    """``mutation.wanted_env`` of a vGPU container; ``g``, ``m``, ``k`` bound to its GPU
+    count, MiB and cores."""
+    parts = []
+    if policy.preload == "env":
+        lib = literal(LIBRARY_PATH)
+        merged = (
+            f"cel.bind(p, {_current('LD_PRELOAD')}, p == '' ? {lib} : "
+            f"([{lib}] + p.replace(' ', ':').split(':').filter(x, x != '' && x != {lib}))"
+            ".join(':'))"
+        )
+        parts.append(f"[{_entry('LD_PRELOAD', merged)}]")
+    parts.append(
+        "(m > 0 ? lists.range(g).map(i, {'name': 'CUDA_DEVICE_MEMORY_LIMIT_' + string(i), "
+        "'value': string(m) + 'm'}) : [])"
+    )
+    parts.append(
+        "(k > 0 ? [{'name': 'CUDA_DEVICE_SM_LIMIT', 'value': string(k)}] + "
+        "lists.range(g).map(i, {'name': 'CUDA_DEVICE_SM_LIMIT_' + string(i), "
+        "'value': string(k)}) : [])"
+    )
+    fixed = (
+        _entry(
+            "GPU_CORE_UTILIZATION_POLICY",
+            f"cel.bind(u, {_current('GPU_CORE_UTILIZATION_POLICY')}, "
+            f"u in ['force', 'FORCE'] ? u : {literal(policy.core_utilization_policy)})",
+        ),
+        _entry("CUDA_REDIRECT", "''"),
+        _entry(
+            "ACTIVE_OOM_KILLER",
+            f"cel.bind(o, {_current('ACTIVE_OOM_KILLER')}, o in ['true', '1'] ? o : 'true')",
+        ),
+        _entry(
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE", f"{literal(CACHE_DIR + '/')} + c.name + '.cache'"
+        ),
+        _entry("CUDA_TASK_PRIORITY", _priority(policy)),
+    )
+    parts.append("[" + ", ".join(fixed) + "]")
+    return " + ".join(parts)
+
+
+def _mps_wants(policy: Policy) -> str:
+    return (
+        "(m > 0 ? [{'name': 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', 'value': "
+        "lists.range(g).map(i, string(i) + '=' + string(m) + 'M').join(',')}] : []) + "
+        "(k > 0 ? [{'name': 'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', 'value': string(k)}] : []) + "
+        f"[{_entry('CUDA_MPS_PIPE_DIRECTORY', literal(policy.mps_pipe_directory))}]"
+    )
+
+
+def container_wants(policy: Policy) -> str:
+    """The env a sharing container ``c`` must carry in the object's mode
+    (``mutation.wanted_env``), as a CEL list of ``{'name', 'value'}`` maps."""
+    counts = _amount(policy.count_resources, high=MAX_COUNT)
+    mib = _amount(policy.memory_mib_resources, high=MAX_MIB)
+    gib = _amount(policy.memory_gib_resources, high=MAX_GIB, scale=1024)
+    cores = _amount(policy.cores_resources, high=100)
+    return (
+        f"{_BIND_PARTS}cel.bind(g, cel.bind(n, {counts}, n > 0 ? n : 1), "
+        f"cel.bind(m, cel.bind(x, {mib}, x > 0 ? x : {gib}), cel.bind(k, {cores}, "
+        f"variables.mode == 'vgpu' ? ({_vgpu_wants(policy)}) : ({_mps_wants(policy)}))))))"
+    )
+
+
+def _implied(policy: Policy) -> str:
+    """The count resource that ``c``, asking only for memory or cores, implies
+    (``ContainerRequest.implied_count_resource``), or ''."""
+    implied: dict[str, str] = {}
+    for resource in sorted(policy.gpu_resources - policy.count_resources):
+        if resource.startswith(policy.mig_prefixes):
+            continue
+        domain = resource.split("/", 1)[0] + "/"
+        counts = sorted(c for c in policy.count_resources if c.startswith(domain))
+        if counts:
+            implied[resource] = counts[0]
+    if not implied:
+        return "''"
+    table = "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in implied.items()) + "}"
+    return (
+        f"{_BIND_PARTS}cel.bind(ic, {_list(implied)}.filter(r, r in L || r in R), "
+        f"size(ic) > 0 && !{_list(sorted(policy.count_resources))}.exists(r, r in L || r in R)"
+        f" ? {table}[ic[0]] : '')))"
+    )
+
+
+def _sharing_test(policy: Policy) -> str:
+    sharing = sorted(r for r in policy.gpu_resources if not r.startswith(policy.mig_prefixes))
+    return f"r in {_list(sharing)}" if sharing else "false"
+
+
+def asks_for_gpu(c: str, policy: Policy) -> str:
+    """``resources.asks_for_gpu``: a claim, a resource whose name says gpu, one of the
+    policy's, or a MIG instance."""
+    listed = f"r in {_list(sorted(policy.gpu_resources))} || " if policy.gpu_resources else ""
+    mig = " || ".join(f"r.startsWith({literal(p)})" for p in sorted(set(policy.mig_prefixes)))
+    test = f"r.lowerAscii().contains('gpu') || {listed}{mig or 'false'}"
+    return (
+        f"(has({c}.resources) && has({c}.resources.claims) && size({c}.resources.claims) > 0)"
+        f" || ({celpolicy.asks_test(c, test)})"
+    )
+
+
+# ------------------------------------------------------------------- variables
+
+# The pod's containers and init containers (the mutation leaves ephemeral ones alone).
+_POD_CONTAINERS: Final = (
+    "(has(variables.spec.containers) ? variables.spec.containers : []) + "
+    "(has(variables.spec.initContainers) ? variables.spec.initContainers : [])"
+)
+
+
+def _pointer() -> str:
+    """The JSON Pointer of the object's pod spec, by kind."""
+    expression = "'/spec'"
+    by_path: dict[tuple[str, ...], list[str]] = {}
+    for kind, path in TEMPLATE_PATHS.items():
+        by_path.setdefault(tuple(path), []).append(kind)
+    for path, kinds in by_path.items():
+        pointer = "/" + "/".join((*path, "spec"))
+        expression = f"request.kind.kind in {_list(kinds)} ? {literal(pointer)} : ({expression})"
+    return expression
+
+
+def mutation_variables(policy: Policy) -> list[Obj]:
+    """celpolicy's variables, and per container name what the mutation sets in it."""
+    void = (
+        f"({_POD_CONTAINERS}).filter(c, !({asks_for_gpu('c', policy)}) && "
+        f"!(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)}))).map(c, c.name)"
+    )
+    sharing = f"({_POD_CONTAINERS}).filter(c, {celpolicy.asks_test('c', _sharing_test(policy))})"
+    return [
+        *celpolicy.variables(policy),
+        {"name": "pointer", "expression": _pointer()},
+        {
+            "name": "wants",
+            "expression": unbind(
+                f"variables.mode in ['vgpu', 'mps'] ? {sharing}.transformMapEntry("
+                f"i, c, {{c.name: {container_wants(policy)}}}) : {{}}"
+            ),
+        },
+        {
+            "name": "implied",
+            "expression": unbind(
+                f"variables.mode in ['vgpu', 'mps'] ? {sharing}.transformMapEntry("
+                f"i, c, {{c.name: {_implied(policy)}}}) : {{}}"
+            ),
+        },
+        {"name": "voided", "expression": void},
+    ]
+
+
+# ------------------------------------------------------------------ the mutations
+
+_KINDS: Final = ("containers", "initContainers")
+
+
+def _object_literal(type_name: str, item: Mapping[str, Any]) -> str:
+    """A CEL ApplyConfiguration literal of a volume or mount the injection holds."""
+    fields = []
+    for key, value in item.items():
+        if isinstance(value, Mapping):
+            fields.append(f"{key}: {_object_literal(f'{type_name}.{key}', value)}")
+        elif isinstance(value, bool):
+            fields.append(f"{key}: {'true' if value else 'false'}")
+        else:
+            fields.append(f"{key}: {literal(str(value))}")
+    return f"{type_name}{{{', '.join(fields)}}}"
+
+
+def _by_mode(values: Mapping[str, str], otherwise: str) -> str:
+    expression = otherwise
+    for mode, value in reversed(list(values.items())):
+        expression = f"variables.mode == {literal(mode)} ? {value} : ({expression})"
+    return expression
+
+
+def _containers_apply(kind: str, shape: _Shape, policy: Policy) -> str:
+    """The containers of ``kind``: the sharing ones with their env, mounts and implied
+    count resource, those that ask for no GPU with the void."""
+    container = f"{shape.type}.spec.{kind}"
+    listed = f"(has(variables.spec.{kind}) ? variables.spec.{kind} : [])"
+    mounts = _by_mode(
+        {
+            mode: "["
+            + ", ".join(
+                _object_literal(f"{container}.volumeMounts", mount)
+                for mount in injection_for(mode, policy).mounts
+            )
+            + "]"
+            for mode in ("vgpu", "mps")
+        },
+        "[]",
+    )
+    implied = (
+        f"?resources: variables.implied[c.name] == '' ? optional.none() : optional.of("
+        f"{container}.resources{{limits: {{variables.implied[c.name]: '1'}}, "
+        "?requests: has(c.resources.requests) ? "
+        "optional.of({variables.implied[c.name]: '1'}) : optional.none()})"
+    )
+    sharing = (
+        f"{listed}.filter(c, c.name in variables.wants).map(c, {container}{{name: c.name, "
+        f"env: variables.wants[c.name].map(w, {container}.env{{name: w['name'], value: w['value']}}), "
+        f"volumeMounts: {mounts}, {implied}}})"
+    )
+    void = (
+        f"{listed}.filter(c, c.name in variables.voided).map(c, {container}{{name: c.name, "
+        f"env: [{container}.env{{name: {literal(_VISIBLE)}, value: {literal(VOID)}}}]}})"
+    )
+    return f"{kind}: {sharing} + {void}"
+
+
+def _apply(shape: _Shape, policy: Policy) -> str:
+    """The ApplyConfiguration of a GPU pod (or template) of ``shape``."""
+    spec = "variables.spec"
+    sharing = "variables.mode in ['vgpu', 'mps']"
+    scheduler = (
+        f"?schedulerName: {sharing} && (!has({spec}.schedulerName) || "
+        f"{spec}.schedulerName in ['', {literal(DEFAULT_SCHEDULER)}]) && "
+        f"cel.bind(s, {celpolicy.wanted_scheduler(policy)}, "
+        f"s != {literal(DEFAULT_SCHEDULER)}) ? optional.of("
+        f"{celpolicy.wanted_scheduler(policy)}) : optional.none()"
+    )
+    fields = [scheduler, "?hostIPC: variables.mode == 'mps' ? optional.of(true) : optional.none()"]
+    if policy.mps_node_selector:
+        selector = f"(has({spec}.nodeSelector) ? {spec}.nodeSelector : {{}})"
+        entries = ", ".join(
+            f"?{literal(k)}: {literal(k)} in {selector} ? optional.none() : optional.of({literal(v)})"
+            for k, v in policy.mps_node_selector.items()
+        )
+        fields.append(
+            f"?nodeSelector: variables.mode == 'mps' ? optional.of({{{entries}}}) : optional.none()"
+        )
+    volumes = _by_mode(
+        {
+            mode: "["
+            + ", ".join(
+                _object_literal(f"{shape.type}.spec.volumes", volume)
+                for volume in injection_for(mode, policy).volumes
+            )
+            + "]"
+            for mode in ("vgpu", "mps")
+        },
+        "[]",
+    )
+    fields.append(f"volumes: {volumes}")
+    fields.extend(_containers_apply(kind, shape, policy) for kind in _KINDS)
+    meta = (
+        f"?metadata: {sharing} ? optional.of({shape.type}.metadata{{annotations: "
+        f"{{{literal(MODE_ANNOTATION)}: variables.mode}}}}) : optional.none()"
+    )
+    return shape.wrap(f"{meta}, spec: {shape.type}.spec{{{', '.join(fields)}}}")
+
+
+def _same_mount(m: str, mount: Mapping[str, Any]) -> str:
+    """``mutation._same_mount``: the injected mount, read-only as it, without a subPath."""
+    read_only = "true" if mount.get("readOnly") else "false"
+    return (
+        f"{m}.name == {literal(mount['name'])} && "
+        f"(has({m}.readOnly) ? {m}.readOnly : false) == {read_only} && "
+        f"(!has({m}.subPath) || {m}.subPath == '') && "
+        f"(!has({m}.subPathExpr) || {m}.subPathExpr == '')"
+    )
+
+
+def _same_volume(v: str, volume: Mapping[str, Any]) -> str:
+    """``injection.same_volume``: exactly the injected volume (the apiserver allows one
+    source per volume, so the injected source's fields say it all)."""
+    if "hostPath" in volume:
+        host = volume["hostPath"]
+        return (
+            f"has({v}.hostPath) && {v}.hostPath.path == {literal(host['path'])} && "
+            f"has({v}.hostPath.type) && {v}.hostPath.type == {literal(host['type'])}"
+        )
+    return f"has({v}.emptyDir) && !has({v}.emptyDir.medium) && !has({v}.emptyDir.sizeLimit)"
+
+
+def _remove(pointer: str) -> str:
+    return f".reverse().map(j, JSONPatch{{op: 'remove', path: {pointer} + string(j)}})"
+
+
+def _removals(policy: Policy, mode: Mode) -> str:
+    """JSONPatch removals, each list's from its last index, of what the apply cannot
+    fix in a pod of ``mode`` (see the module's docstring)."""
+    spec = "variables.spec"
+    injection = injection_for(mode, policy)
+    paths = [m["mountPath"] for m in injection.mounts]
+    mount_kept = " || ".join(
+        f"(m.mountPath == {literal(m['mountPath'])} && {_same_mount('m', m)})"
+        for m in injection.mounts
+    )
+    stray = (
+        "((n.startsWith('CUDA_DEVICE_MEMORY_LIMIT') || n.startsWith('CUDA_DEVICE_SM_LIMIT_')) "
+        "&& !(n in w))"
+        if mode == "vgpu"
+        else "false"
+    )
+    parts = []
+    for kind in _KINDS:
+        at = f"variables.pointer + {literal('/' + kind + '/')} + string(i)"
+        env_at, mounts_at = " + '/env/'", " + '/volumeMounts/'"
+        env = (
+            "cel.bind(env, has(c.env) ? c.env : [], lists.range(size(env)).filter(j, "
+            "cel.bind(n, env[j].name, (n in w && (has(env[j].valueFrom) || "
+            f"lists.range(size(env)).exists(x, x > j && env[x].name == n))) || {stray}))"
+            f"{_remove(at + env_at)})"
+        )
+        mounts = (
+            "cel.bind(ms, has(c.volumeMounts) ? c.volumeMounts : [], "
+            "lists.range(size(ms)).filter(j, cel.bind(m, ms[j], "
+            f"m.mountPath in {_list(paths)} && !({mount_kept})))"
+            f"{_remove(at + mounts_at)})"
+        )
+        parts.append(
+            f"cel.bind(cs, has({spec}.{kind}) ? {spec}.{kind} : [], "
+            "lists.range(size(cs)).filter(i, cs[i].name in variables.wants)"
+            ".map(i, cel.bind(c, cs[i], cel.bind(w, variables.wants[c.name].map(e, e['name']), "
+            f"{env} + {mounts}))).flatten())"
+        )
+    volume_kept = " || ".join(
+        f"(v.name == {literal(v['name'])} && {_same_volume('v', v)})" for v in injection.volumes
+    )
+    names = [v["name"] for v in injection.volumes]
+    parts.append(
+        f"cel.bind(vs, has({spec}.volumes) ? {spec}.volumes : [], "
+        "lists.range(size(vs)).filter(j, cel.bind(v, vs[j], "
+        f"v.name in {_list(names)} && !({volume_kept})))"
+        f"{_remove('variables.pointer + ' + literal('/volumes/'))})"
+    )
+    return " + ".join(parts)
+
+
+def _by_kind(expressions: Mapping[_Shape, str], otherwise: str) -> str:
+    expression = otherwise
+    for shape, value in reversed(list(expressions.items())):
+        expression = f"request.kind.kind in {_list(shape.kinds)} ? ({value}) : ({expression})"
+    return expression
+
+
+def _void_apply(shape: _Shape) -> str:
+    fields = []
+    for kind in _KINDS:
+        container = f"{shape.type}.spec.{kind}"
+        listed = f"(has(variables.spec.{kind}) ? variables.spec.{kind} : [])"
+        fields.append(
+            f"{kind}: {listed}.filter(c, c.name in variables.voided).map(c, {container}{{"
+            f"name: c.name, env: [{container}.env{{name: {literal(_VISIBLE)}, "
+            f"value: {literal(VOID)}}}]}})"
+        )
+    return shape.wrap(f"spec: {shape.type}.spec{{{', '.join(fields)}}}")
+
+
+# ------------------------------------------------------------------- the policies
 
 
 def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> list[Obj]:
     """The MutatingAdmissionPolicies and their bindings that apply ``policy``'s mutation."""
-    del policy, namespace
-    return []
+    shapes = _shapes()
+    constraints = celpolicy.match_constraints(namespace)
+    # The core mutates pods when they are created, workloads also when updated.
+    for rule in constraints["resourceRules"]:
+        if "pods" in rule["resources"]:
+            rule["resources"] = ["pods"]
+            rule["operations"] = ["CREATE"]
+    shared = mutation_variables(policy)
+    exemptions = celpolicy.match_conditions(policy)
+    spec_of = celpolicy.template("object", "spec")
+    containers = celpolicy.container_list(f"({spec_of})")
+    gpu = celpolicy.gpu_test(policy, f"({containers})")
+    nvidia = (
+        f"!({gpu}) && ({containers}).exists(c, has(c.env) && "
+        "c.env.exists(e, e.name == 'CUDA_VERSION' || e.name.startsWith('NVIDIA_')))"
+    )
+    patch = _by_mode({m: _removals(policy, m) for m in ("vgpu", "mps")}, "[]")
+    mutate: Obj = {
+        "failurePolicy": "Fail",
+        "matchConstraints": constraints,
+        "matchConditions": [*exemptions, {"name": "gpushare.io/gpu", "expression": gpu}],
+        "reinvocationPolicy": "IfNeeded",
+        "variables": shared,
+        "mutations": [
+            {"patchType": "JSONPatch", "jsonPatch": {"expression": unbind(patch)}},
+            {
+                "patchType": "ApplyConfiguration",
+                "applyConfiguration": {
+                    "expression": unbind(
+                        _by_kind({s: _apply(s, policy) for s in shapes}, "Object{}")
+                    )
+                },
+            },
+        ],
+    }
+    void: Obj = {
+        "failurePolicy": "Ignore",
+        "matchConstraints": constraints,
+        "matchConditions": [
+            *exemptions,
+            {"name": "gpushare.io/names-nvidia-env", "expression": nvidia},
+        ],
+        "reinvocationPolicy": "IfNeeded",
+        "variables": [v for v in shared if v["name"] in ("spec", "voided")],
+        "mutations": [
+            {
+                "patchType": "ApplyConfiguration",
+                "applyConfiguration": {
+                    "expression": _by_kind({s: _void_apply(s) for s in shapes}, "Object{}")
+                },
+            }
+        ],
+    }
+    objects: list[Obj] = []
+    for name, spec in ((MUTATE, mutate), (VOID_POLICY, void)):
+        metadata = {"name": name, "labels": dict(celpolicy.LABELS)}
+        objects.append(
+            {"apiVersion": API_VERSION, "kind": POLICY_KIND, "metadata": metadata, "spec": spec}
+        )
+        objects.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": BINDING_KIND,
+                "metadata": {"name": name, "labels": dict(celpolicy.LABELS)},
+                "spec": {"policyName": name, "matchResources": constraints},
+            }
+        )
+    return objects
+
+
+def _split_args(text: str, start: int) -> tuple[list[str], int]:
+    """The top-level comma-separated arguments of the call whose ``(`` is at ``start``,
+    and the index after its ``)``."""
+    args, depth, i, begin, quote = [], 0, start + 1, start + 1, ""
+    while True:
+        ch = text[i]
+        if quote:
+            if ch == "\\":
+                i += 1
+            elif ch == quote:
+                quote = ""
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "([{":
+            depth += 1
+        elif ch in ")]}":
+            if depth == 0:
+                args.append(text[begin:i].strip())
+                return args, i + 1
+            depth -= 1
+        elif ch == "," and depth == 0:
+            args.append(text[begin:i].strip())
+            begin = i + 1
+        i += 1
+
+
+def unbind(expression: str) -> str:
+    """``cel.bind(x, value, body)`` written as ``[value].map(x, body)[0]``: the
+    apiserver's CEL environment has no bindings library, and one element mapped binds
+    a name all the same (``value`` is evaluated once)."""
+    marker = "cel.bind("
+    at = expression.find(marker)
+    while at != -1:
+        (name, value, body), end = _split_args(expression, at + len(marker) - 1)
+        replaced = f"[{unbind(value)}].map({name}, {unbind(body)})[0]"
+        expression = expression[:at] + replaced + expression[end:]
+        at = expression.find(marker, at + len(replaced))
+    return expression
