@@ -24,7 +24,7 @@ from webhook.install.scope import (
 )
 from webhook.policies import DEFAULT_POLICY, parse_policy
 
-BASE = ROOT / "deploy" / "base" / "webhookconfigurations.yaml"
+BASE = ROOT / "deploy" / "webhooks" / "webhookconfigurations.yaml"
 # A qualified name, as the apiserver validates matchCondition names.
 QUALIFIED = re.compile(
     r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
@@ -53,7 +53,7 @@ def test_base_file_holds_the_default_policys_conditions() -> None:
     expected = [dict(c) for c in match_conditions(DEFAULT_POLICY)]
     for hook in hooks:
         assert hook["matchConditions"] == expected, (
-            "deploy/base/webhookconfigurations.yaml is not what the generator makes for the "
+            "deploy/webhooks/webhookconfigurations.yaml is not what the generator makes for the "
             "default policy; run\n    hack/update-match-conditions"
         )
     # Byte for byte what the script writes: it leaves the file alone.

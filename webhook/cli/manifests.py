@@ -7,17 +7,19 @@ import sys
 from pathlib import Path
 from typing import Final, TextIO
 
+from webhook.certs.selfmanaged import SelfManagedError, api_client
 from webhook.cli.common import Commands
 from webhook.install.celpolicy import validating_policies
 from webhook.install.manifests import (
     BASE_NAMESPACE,
-    DEFAULT_OVERLAY,
     OVERLAYS,
     ManifestError,
+    overlay_for,
     render,
     set_namespace,
     to_yaml,
 )
+from webhook.install.mode import WEBHOOKS, Mode, ModeError, detect, install_mode
 from webhook.install.scope import match_conditions
 from webhook.policies import load_policy, parse_policy
 
@@ -26,6 +28,15 @@ MANIFESTS_DESCRIPTION: Final = """\
 Print every object of the install as multi-document YAML, for `kubectl apply -f -`:
 the same objects `kubectl kustomize deploy/` renders for the chosen overlay, policy
 ConfigMap included.
+
+Which install: the one for what the cluster's apiserver serves, asked through the
+kubeconfig (--kubeconfig, else $KUBECONFIG or ~/.kube/config, in-cluster in a Pod).
+Where MutatingAdmissionPolicy v1 is served (Kubernetes 1.36+), the policy's mutation and
+its CEL rules are in-apiserver policies and no webhook is registered
+(deploy/overlays/apiserver); elsewhere (1.30-1.35) the webhooks plus the
+ValidatingAdmissionPolicies. --kubernetes-version X.Y decides without a cluster (1.35 on
+a 1.36 cluster keeps the webhooks). With no kubeconfig at all, the webhook install is
+printed (it works on every supported version) and stderr says so.
 
 Certificates: with the self-managed overlay (the default) the webhook creates its
 CA and serving certificate at start and writes the caBundle into its own webhook
@@ -54,8 +65,17 @@ def register(commands: Commands) -> None:
     parser.add_argument(
         "--overlay",
         choices=OVERLAYS,
-        default=DEFAULT_OVERLAY,
-        help=f"certificate management (default: {DEFAULT_OVERLAY})",
+        help="certificate management of the webhook install (default: self-managed)",
+    )
+    parser.add_argument(
+        "--kubernetes-version",
+        metavar="X.Y",
+        help="render for this Kubernetes version instead of asking the cluster",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        metavar="FILE",
+        help="the cluster to ask (default: in-cluster, else $KUBECONFIG or ~/.kube/config)",
     )
     parser.add_argument(
         "--namespace",
@@ -110,6 +130,7 @@ def command_manifests(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -
         stdout.write(to_yaml(cel))
         return 0
     try:
+        overlay = overlay_for(_mode(args), args.overlay)
         ca_bundle = None
         if args.ca_bundle:
             try:
@@ -117,7 +138,7 @@ def command_manifests(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -
             except OSError as exc:
                 raise ManifestError(f"{args.ca_bundle}: cannot read: {exc}") from None
         objects = render(
-            overlay=args.overlay,
+            overlay=overlay,
             namespace=args.namespace,
             image=args.image,
             ca_bundle=ca_bundle,
@@ -125,8 +146,35 @@ def command_manifests(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -
             policy=policy if policy_text is not None else None,
             policy_text=policy_text,
         )
-    except ManifestError as exc:
+    except (ManifestError, ModeError) as exc:
         sys.stderr.write(f"gpushare-webhook: {exc}\n")
         return 2
     stdout.write(to_yaml(objects))
     return 0
+
+
+def _mode(args: argparse.Namespace) -> Mode:
+    """The install's mode: of --kubernetes-version, else of the cluster the kubeconfig
+    names, else (no kubeconfig at all) the webhook install, which every version runs."""
+    if args.kubernetes_version:
+        return install_mode(kubernetes_version=args.kubernetes_version)
+    try:
+        client = api_client(args.kubeconfig)
+    except SelfManagedError as exc:
+        if args.kubeconfig:
+            raise ManifestError(str(exc)) from None
+        sys.stderr.write(
+            "gpushare-webhook: no cluster to ask which install it gets (no kubeconfig): "
+            "printing the webhook install; --kubernetes-version 1.36 prints the one for "
+            "1.36+\n"
+        )
+        return WEBHOOKS
+    try:
+        return detect(client)
+    except Exception as exc:  # any failure to ask is the same answer
+        raise ManifestError(
+            f"cannot ask the cluster which install it gets ({type(exc).__name__}: "
+            f"{str(exc).splitlines()[0] if str(exc) else ''}); pass --kubernetes-version X.Y"
+        ) from None
+    finally:
+        client.close()

@@ -26,8 +26,9 @@ import jsonpatch
 import yaml
 
 from webhook.core.policy import API_VERSION, KIND, Policy
-from webhook.install import celpolicy
-from webhook.install.scope import MatchCondition, match_conditions
+from webhook.install import celpolicy, mutatingpolicy
+from webhook.install.mode import APISERVER, WEBHOOKS, Mode
+from webhook.install.scope import MatchCondition, match_conditions, view_conditions
 
 Obj = dict[str, Any]
 
@@ -35,7 +36,10 @@ BASE_NAMESPACE: Final = "gpushare-system"
 POLICY_CONFIG_MAP: Final = "gpushare-policy"
 POLICY_KEY: Final = "policy.yaml"
 DEFAULT_OVERLAY: Final = "self-managed"
+# The webhook mode's overlays (Kubernetes 1.30-1.35), one per way of getting certificates.
 OVERLAYS: Final = ("self-managed", "cert-manager")
+# The 1.36+ install (webhook.install.mode): no webhook, so no choice of certificates.
+APISERVER_OVERLAY: Final = "apiserver"
 CONTAINER: Final = "webhook"
 WEBHOOK_KINDS: Final = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
@@ -94,9 +98,24 @@ def report_crds() -> list[Obj]:
 
 
 def overlay_dir(overlay: str = DEFAULT_OVERLAY) -> Path:
-    if overlay not in OVERLAYS:
+    if overlay not in (*OVERLAYS, APISERVER_OVERLAY):
         raise ManifestError(f"unknown overlay {overlay!r}; choose one of {', '.join(OVERLAYS)}")
     return deploy_root() / "overlays" / overlay
+
+
+def overlay_for(mode: Mode, overlay: str | None = None) -> str:
+    """The overlay that installs ``mode``: ``overlay`` (the certificates' choice, default
+    self-managed) in the webhook mode; in the apiserver mode its own, which registers no
+    webhook and so has no certificates to choose."""
+    if mode == WEBHOOKS:
+        return overlay or DEFAULT_OVERLAY
+    if overlay not in (None, DEFAULT_OVERLAY):
+        raise ManifestError(
+            f"--overlay {overlay}: the install for Kubernetes 1.36+ registers no webhook, so "
+            "it has no certificates to manage; for the webhooks on 1.36 pass "
+            "--kubernetes-version 1.35"
+        )
+    return APISERVER_OVERLAY
 
 
 def _load_documents(path: Path) -> list[Obj]:
@@ -331,7 +350,7 @@ def set_namespace(objects: Iterable[Obj], namespace: str) -> None:
                 expression["values"] = [
                     namespace if value == old else value for value in expression.get("values", [])
                 ]
-        if kind in celpolicy.KINDS:
+        if kind in celpolicy.KINDS or kind in mutatingpolicy.KINDS:
             spec = obj.get("spec") or {}
             for field in ("matchConstraints", "matchResources"):
                 selector = (spec.get(field) or {}).get("namespaceSelector") or {}
@@ -356,7 +375,7 @@ def set_namespace(objects: Iterable[Obj], namespace: str) -> None:
 def set_match_conditions(objects: Iterable[Obj], policy: Policy) -> None:
     """Scope every webhook to what ``policy`` acts on (:mod:`webhook.install.scope`).
 
-    ``deploy/base`` already holds the default policy's conditions; a different policy
+    ``deploy/webhooks`` already holds the default policy's conditions; a different policy
     needs its own, or an object it acts on could be skipped.
     """
     for obj in objects:
@@ -366,16 +385,34 @@ def set_match_conditions(objects: Iterable[Obj], policy: Policy) -> None:
 
 
 def set_cel_policies(objects: list[Obj], policy: Policy) -> None:
-    """Replace the ValidatingAdmissionPolicies and bindings in ``objects`` (in place) by
-    those of ``policy`` (:mod:`webhook.install.celpolicy`), where the first one stood."""
-    positions = [i for i, obj in enumerate(objects) if obj["kind"] in celpolicy.KINDS]
-    if not positions:
-        return
-    at = positions[0]
-    kept = [obj for obj in objects if obj["kind"] not in celpolicy.KINDS]
-    kept[at:at] = celpolicy.validating_policies(policy)
-    # Stable: the rest keeps its order, the new objects take kustomize's.
-    objects[:] = sorted(kept, key=_sort_key)
+    """Replace the Validating- and MutatingAdmissionPolicies and their bindings in
+    ``objects`` (in place) by those of ``policy`` (:mod:`webhook.install.celpolicy`,
+    :mod:`webhook.install.mutatingpolicy`), each kind where its first one stood; a kind
+    ``objects`` does not hold stays out."""
+    for kinds, rendered in (
+        (celpolicy.KINDS, celpolicy.validating_policies),
+        (mutatingpolicy.KINDS, mutatingpolicy.mutating_policies),
+    ):
+        positions = [i for i, obj in enumerate(objects) if obj["kind"] in kinds]
+        if not positions:
+            continue
+        at = positions[0]
+        kept = [obj for obj in objects if obj["kind"] not in kinds]
+        kept[at:at] = rendered(policy)
+        # Stable: the rest keeps its order, the new objects take kustomize's.
+        objects[:] = sorted(kept, key=_sort_key)
+
+
+def set_view_scope(objects: Iterable[Obj], policy: Policy) -> None:
+    """Register the webhooks of ``objects`` only for what the cluster view decides, failing
+    open: the apiserver mode with the view on (:func:`webhook.install.scope.view_conditions`).
+    Every security rule holds in the apiserver there, so a webhook outage only loses the
+    view's early refusals and conveniences, and refuses no pod."""
+    for obj in objects:
+        if obj["kind"] in WEBHOOK_KINDS:
+            for hook in obj.get("webhooks") or []:
+                hook["matchConditions"] = [dict(c) for c in view_conditions(policy)]
+                hook["failurePolicy"] = "Ignore"
 
 
 def cel_policies(policy: Policy) -> list[Obj]:
@@ -397,6 +434,24 @@ CEL_POLICIES_HEADER: Final = """\
 # `gpushare-webhook manifests --only cel` prints only these; --policy FILE renders them
 # for another policy.
 """
+
+
+MUTATING_POLICIES_FILE: Final = "mutatingpolicies.yaml"
+MUTATING_POLICIES_HEADER: Final = """\
+# GENERATED by hack/update-match-conditions from the default policy
+# (webhook/install/mutatingpolicy.py); do not edit. tests/install/test_modes.py fails
+# when this file and the generator disagree.
+#
+# The policy's mutation as MutatingAdmissionPolicies the apiserver itself applies
+# (admissionregistration.k8s.io/v1, Kubernetes 1.36+): gpushare-mutate (fails closed)
+# for objects that ask for a GPU of the policy, gpushare-void (fails open) for those that
+# ask for none but name NVIDIA env. --policy FILE renders them for another policy.
+"""
+
+
+def mutating_policies_text(policy: Policy) -> str:
+    """The text of deploy/overlays/apiserver/mutatingpolicies.yaml for ``policy``."""
+    return MUTATING_POLICIES_HEADER + "---\n" + to_yaml(mutatingpolicy.mutating_policies(policy))
 
 
 def cel_policies_text(policy: Policy) -> str:
@@ -468,6 +523,7 @@ def webhook_configurations(
     url: str | None = None,
     service: tuple[str, str] | None = None,
     policy: Policy | None = None,
+    mode: Mode = WEBHOOKS,
 ) -> list[Obj]:
     """The Mutating- and ValidatingWebhookConfiguration of ``deploy/base``, ready to create.
 
@@ -476,17 +532,23 @@ def webhook_configurations(
     (``/mutate``, ``/validate``); with ``service=(name, namespace)`` it calls that
     Service on port 443 (and excludes that namespace instead of gpushare-system);
     with neither, the Service of the install. ``policy`` scopes both webhooks to what
-    it acts on (default: the default policy's scope of ``deploy/base``).
+    it acts on (default: the default policy's scope of ``deploy/webhooks``); in the
+    apiserver ``mode`` to what the cluster view decides under ``policy`` (then required),
+    failing open (:func:`set_view_scope`).
     Returns [mutating, validating].
     """
     if url is not None and service is not None:
         raise ValueError("give url or service, not both")
     if url is not None and not url.startswith("https://"):
         raise ValueError(f"webhook URLs must be https: {url!r}")
-    configurations = [obj for obj in build(deploy_root() / "base") if obj["kind"] in WEBHOOK_KINDS]
+    configurations = build(deploy_root() / "webhooks")
     if service is not None:
         set_namespace(configurations, service[1])
-    if policy is not None:
+    if mode == APISERVER:
+        if policy is None:
+            raise ValueError("the view's scope is the policy's: give the policy")
+        set_view_scope(configurations, policy)
+    elif policy is not None:
         set_match_conditions(configurations, policy)
     for obj in configurations:
         for hook in obj["webhooks"]:
@@ -506,7 +568,7 @@ GENERATED_END: Final = "# END generated matchConditions"
 
 
 def with_match_conditions(text: str, conditions: Sequence[MatchCondition]) -> str:
-    """``text`` (deploy/base/webhookconfigurations.yaml) with every region between the
+    """``text`` (deploy/webhooks/webhookconfigurations.yaml) with every region between the
     generated-region markers replaced by ``conditions``, indented like its marker.
 
     kustomize cannot run the generator, so the default policy's conditions are written

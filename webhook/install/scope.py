@@ -47,7 +47,7 @@ Pure: a :class:`~webhook.core.policy.Policy` in, a list of conditions out.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Final, TypedDict
 
 from webhook.core.injection import (
@@ -173,13 +173,16 @@ def _container_test(policy: Policy, c: str) -> str:
     )
 
 
+def _every_container(spec: str) -> str:
+    """One list of every kind of container of ``spec``, so a container test is written once."""
+    return " + ".join(f"(has({spec}.{kind}) ? {spec}.{kind} : [])" for kind in CONTAINER_KINDS)
+
+
 def _spec_test(policy: Policy, spec: str) -> str:
     """Pod spec ``spec`` has a relevant container of any kind or a relevant volume."""
-    # One list of every kind of container, so the container test is written once.
-    every = " + ".join(f"(has({spec}.{kind}) ? {spec}.{kind} : [])" for kind in CONTAINER_KINDS)
     return _any(
         [
-            f"({every}).exists(c, {_container_test(policy, 'c')})",
+            f"({_every_container(spec)}).exists(c, {_container_test(policy, 'c')})",
             f"has({spec}.volumes) && {spec}.volumes.exists(v, has(v.hostPath) || "
             f"(has(v.name) && v.name in {_list(INJECTED_VOLUMES)}))",
         ]
@@ -199,21 +202,35 @@ def _annotation_test(policy: Policy, metadata: str) -> str:
     return f"has({metadata}.annotations) && {metadata}.annotations.exists(k, {' || '.join(terms)})"
 
 
-def _template_test(policy: Policy, path: Sequence[str]) -> str:
-    """The pod template at ``object.<path>`` is relevant (absent: nothing to act on)."""
-    guards = []
-    node = "object"
-    for part in path:
-        guards.append(f"has({node}.{part})")
-        node = f"{node}.{part}"
-    relevant = _any(
+def _template_test(policy: Policy, node: str) -> str:
+    """The pod template at ``node`` is relevant."""
+    return _any(
         [
             f"has({node}.spec) && ({_spec_test(policy, node + '.spec')})",
             f"has({node}.metadata) && ({_annotation_test(policy, node + '.metadata')})",
         ],
         joiner=_LINES,
     )
-    return " && ".join([*guards, f"({relevant})"])
+
+
+def _per_kind(pod: str, template: Callable[[str], str]) -> str:
+    """One expression: for a Pod ``pod``, for each workload kind ``template`` of the path
+    to its pod template (guarded: absent, nothing to act on), for any other kind true."""
+    by_path: dict[tuple[str, ...], list[str]] = {}
+    for kind, path in TEMPLATE_PATHS.items():
+        by_path.setdefault(tuple(path), []).append(kind)
+    implications = [f"request.kind.kind != 'Pod'{_LINES}{pod}"]
+    for path, kinds in sorted(by_path.items(), key=lambda item: len(item[0])):
+        guards = []
+        node = "object"
+        for part in path:
+            guards.append(f"has({node}.{part})")
+            node = f"{node}.{part}"
+        implications.append(
+            f"!(request.kind.kind in {_list(kinds)}){_LINES}"
+            f"({' && '.join([*guards, f'({template(node)})'])})"
+        )
+    return "\n&& ".join(f"({implication})" for implication in implications)
 
 
 def match_conditions(policy: Policy) -> list[MatchCondition]:
@@ -228,13 +245,32 @@ def match_conditions(policy: Policy) -> list[MatchCondition]:
         ],
         joiner=_LINES,
     )
-    by_path: dict[tuple[str, ...], list[str]] = {}
-    for kind, path in TEMPLATE_PATHS.items():
-        by_path.setdefault(tuple(path), []).append(kind)
-    implications = [f"request.kind.kind != 'Pod'{_LINES}{pod}"]
-    for path, kinds in sorted(by_path.items(), key=lambda item: len(item[0])):
-        implications.append(
-            f"!(request.kind.kind in {_list(kinds)}){_LINES}({_template_test(policy, path)})"
-        )
-    expression = "\n&& ".join(f"({implication})" for implication in implications)
+    expression = _per_kind(pod, lambda node: _template_test(policy, node))
     return [MatchCondition(name=CONDITION_NAME, expression=expression)]
+
+
+VIEW_CONDITION_NAME: Final = "gpushare.io/cluster-view"
+
+
+def view_conditions(policy: Policy) -> list[MatchCondition]:
+    """The matchConditions of the webhooks where MutatingAdmissionPolicies hold the
+    mutation (:mod:`webhook.install.mode`): only what the cluster view decides reaches
+    them. Every such decision is about an object that asks for a GPU of the policy
+    (no-fitting-node, gpu-quota, the Pod Security level of an mps pod, the memory
+    percentage in MiB, the MIG translation); the rules that need no view hold in the
+    apiserver, and the cross-object ones (env from ConfigMaps and Secrets, DRA claims) at
+    write time, so none of them rests on a registration that fails open."""
+    gpu = _resource_test(policy, "r")
+
+    def asks(spec: str) -> str:
+        return (
+            f"({_every_container(spec)}).exists(c, has(c.resources) && ("
+            f"(has(c.resources.limits) && c.resources.limits.exists(r, {gpu})) || "
+            f"(has(c.resources.requests) && c.resources.requests.exists(r, {gpu}))))"
+        )
+
+    expression = _per_kind(
+        f"has(object.spec) && {asks('object.spec')}",
+        lambda node: f"has({node}.spec) && {asks(node + '.spec')}",
+    )
+    return [MatchCondition(name=VIEW_CONDITION_NAME, expression=expression)]

@@ -1,0 +1,232 @@
+"""The install chooses by what the apiserver serves: MutatingAdmissionPolicies and no
+webhook in the pod path where MutatingAdmissionPolicy v1 is served (1.36+), the webhooks
+elsewhere. Detection against a real apiserver: tests/e2e/test_modes.py."""
+
+from __future__ import annotations
+
+import io
+from contextlib import redirect_stderr, redirect_stdout
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.paths import ROOT
+from webhook.cli import main
+from webhook.cli import manifests as cli_manifests
+from webhook.install import celpolicy, manifests, mutatingpolicy
+from webhook.install.mode import (
+    APISERVER,
+    WEBHOOKS,
+    ModeError,
+    install_mode,
+    parse_version,
+)
+from webhook.install.scope import match_conditions, view_conditions
+from webhook.policies import DEFAULT_POLICY, parse_policy
+
+Obj = dict[str, Any]
+APISERVER_OVERLAY = ROOT / "deploy" / "overlays" / "apiserver"
+CUSTOM = parse_policy(
+    """
+apiVersion: gpushare.io/v1alpha1
+kind: GPUSharePolicy
+spec:
+  resources:
+    count: [example.com/vgpu]
+"""
+)
+
+
+def kinds(objects: list[Obj]) -> set[str]:
+    return {o["kind"] for o in objects}
+
+
+def run(argv: list[str]) -> tuple[int, list[Obj], str]:
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        status = main(argv)
+    return status, [d for d in yaml.safe_load_all(out.getvalue()) if d], err.getvalue()
+
+
+# ------------------------------------------------------------------- the decision
+
+
+@pytest.mark.parametrize(
+    ("version", "mode"),
+    [
+        ("1.30", WEBHOOKS),
+        ("v1.35.4", WEBHOOKS),
+        ("1.36", APISERVER),
+        ("v1.36.3", APISERVER),
+        ("1.37.0-rc.1", APISERVER),
+        ("2.0", APISERVER),
+    ],
+)
+def test_the_version_decides_without_a_cluster(version: str, mode: str) -> None:
+    assert install_mode(kubernetes_version=version) == mode
+
+
+def test_what_is_served_decides_over_the_version() -> None:
+    assert install_mode({mutatingpolicy.SERVED_AS, "v1/Pod"}) == APISERVER
+    # A 1.36 apiserver with the API switched off, or one serving only the beta.
+    assert install_mode(set()) == WEBHOOKS
+    assert (
+        install_mode({"admissionregistration.k8s.io/v1beta1/MutatingAdmissionPolicy"}) == WEBHOOKS
+    )
+    with pytest.raises(ValueError, match="Kubernetes version"):
+        install_mode()
+
+
+@pytest.mark.parametrize("text", ["1.29", "one.36", "1", ""])
+def test_unsupported_or_unreadable_versions_are_refused(text: str) -> None:
+    with pytest.raises(ModeError):
+        parse_version(text)
+
+
+# ------------------------------------------------------------ generated files
+
+
+def test_generated_mutating_policies_are_the_renderers() -> None:
+    """deploy/overlays/apiserver/mutatingpolicies.yaml and the chart's copy are generated;
+    fix with hack/update-match-conditions."""
+    wanted = manifests.mutating_policies_text(DEFAULT_POLICY)
+    for path in (
+        APISERVER_OVERLAY / manifests.MUTATING_POLICIES_FILE,
+        ROOT / "charts" / "gpushare-webhook" / "files" / manifests.MUTATING_POLICIES_FILE,
+    ):
+        assert path.read_text("utf-8") == wanted, (
+            f"{path.relative_to(ROOT)} is stale; run hack/update-match-conditions"
+        )
+
+
+def test_generated_view_conditions_are_the_generators() -> None:
+    path = ROOT / "charts" / "gpushare-webhook" / "files" / "view-match-conditions.yaml"
+    document = yaml.safe_load(path.read_text("utf-8"))
+    assert document["matchConditions"] == [dict(c) for c in view_conditions(DEFAULT_POLICY)], (
+        f"{path.relative_to(ROOT)} is stale; run hack/update-match-conditions"
+    )
+
+
+# ------------------------------------------------------------------ the install
+
+
+def test_the_apiserver_install_registers_no_webhook() -> None:
+    objects = manifests.render(overlay=manifests.APISERVER_OVERLAY)
+    assert not kinds(objects) & set(manifests.WEBHOOK_KINDS)
+    assert set(celpolicy.KINDS) | set(mutatingpolicy.KINDS) <= kinds(objects)
+    names = {o["metadata"]["name"] for o in objects if o["kind"] in mutatingpolicy.KINDS}
+    assert names == set(mutatingpolicy.POLICY_NAMES)
+    # The Deployment is the policy controller: the leader keeps the policies in step.
+    (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
+    args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--self-managed" in args
+    # ... with RBAC for the mutating policies, by name.
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    by_resource = {
+        (resource, verb): rule.get("resourceNames")
+        for rule in role["rules"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    for resource in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings"):
+        assert by_resource[(resource, "list")] is None
+        assert set(by_resource[(resource, "update")]) == set(mutatingpolicy.POLICY_NAMES)
+
+
+def test_the_apiserver_install_takes_the_policy_and_namespace() -> None:
+    objects = manifests.render(
+        overlay=manifests.APISERVER_OVERLAY, policy=CUSTOM, namespace="gpu-admission"
+    )
+    rendered = mutatingpolicy.mutating_policies(CUSTOM, namespace="gpu-admission")
+    assert [o for o in objects if o["kind"] in mutatingpolicy.KINDS] == sorted(
+        rendered, key=manifests._sort_key
+    )
+    assert "gpushare-system" not in yaml.safe_dump(
+        [o for o in objects if o["kind"] in mutatingpolicy.KINDS]
+    )
+
+
+def test_the_webhook_install_has_no_mutating_policies() -> None:
+    for overlay in manifests.OVERLAYS:
+        assert not kinds(manifests.render(overlay=overlay, policy=CUSTOM)) & set(
+            mutatingpolicy.KINDS
+        )
+
+
+def test_with_the_view_the_webhooks_hold_only_what_the_view_decides() -> None:
+    configured = manifests.webhook_configurations(
+        ca_bundle=b"", url="https://127.0.0.1:8443", policy=CUSTOM, mode=APISERVER
+    )
+    hooks = [h for o in configured for h in o["webhooks"]]
+    assert len(hooks) == 2
+    assert all(h["failurePolicy"] == "Ignore" for h in hooks)
+    assert all(h["matchConditions"] == [dict(c) for c in view_conditions(CUSTOM)] for h in hooks)
+    assert view_conditions(CUSTOM) != match_conditions(CUSTOM)
+    expression = view_conditions(CUSTOM)[0]["expression"]
+    # Only GPU requests: what no view decides (env, hostPath, annotations) is not sent.
+    assert "example.com/vgpu" in expression
+    assert "hostPath" not in expression
+    assert "annotations" not in expression
+    with pytest.raises(ValueError, match="policy"):
+        manifests.webhook_configurations(ca_bundle=b"", mode=APISERVER)
+
+
+# ------------------------------------------------------------------ the command
+
+
+def test_manifests_renders_for_a_kubernetes_version() -> None:
+    status, objects, err = run(["manifests", "--kubernetes-version", "1.36"])
+    assert status == 0, err
+    assert objects == manifests.render(overlay=manifests.APISERVER_OVERLAY)
+    status, objects, err = run(["manifests", "--kubernetes-version", "1.35"])
+    assert status == 0, err
+    assert objects == manifests.render()
+    status, _, err = run(["manifests", "--kubernetes-version", "1.36", "--overlay=cert-manager"])
+    assert status == 2
+    assert "registers no webhook" in err
+    status, _, err = run(["manifests", "--kubernetes-version", "1.29"])
+    assert status == 2
+    assert "older than 1.30" in err
+
+
+class _Client:
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("mode", [APISERVER, WEBHOOKS])
+def test_manifests_renders_what_the_cluster_serves(
+    monkeypatch: pytest.MonkeyPatch, mode: str
+) -> None:
+    monkeypatch.setattr(cli_manifests, "api_client", lambda kubeconfig: _Client())
+    monkeypatch.setattr(cli_manifests, "detect", lambda client: mode)
+    status, objects, err = run(["manifests"])
+    assert status == 0, err
+    overlay = manifests.APISERVER_OVERLAY if mode == APISERVER else manifests.DEFAULT_OVERLAY
+    assert objects == manifests.render(overlay=overlay)
+
+
+def test_manifests_without_a_cluster_says_which_install_it_prints(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("KUBECONFIG", "/nonexistent/kubeconfig")
+    status, objects, err = run(["manifests"])
+    assert status == 0
+    assert objects == manifests.render()
+    assert "no cluster to ask" in err
+    assert "--kubernetes-version 1.36" in err
+
+
+def test_manifests_fails_when_the_cluster_cannot_be_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    def unreachable(client: Any) -> str:
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(cli_manifests, "api_client", lambda kubeconfig: _Client())
+    monkeypatch.setattr(cli_manifests, "detect", unreachable)
+    status, objects, err = run(["manifests"])
+    assert status == 2
+    assert not objects
+    assert "--kubernetes-version" in err
+    assert err.count("\n") == 1
