@@ -17,7 +17,7 @@ from tests.e2e.rest import account_client, idle_webhook
 from webhook.certs.lease import read_json
 from webhook.core.policy import Policy
 from webhook.dev.cluster import DevCluster
-from webhook.install import manifests
+from webhook.install import manifests, mutatingpolicy
 from webhook.install.celpolicy import (
     BINDING_KIND,
     LABELS,
@@ -26,7 +26,7 @@ from webhook.install.celpolicy import (
     validating_policies,
 )
 from webhook.install.reconcile import ScopeKeeper
-from webhook.install.scope import match_conditions
+from webhook.install.scope import match_conditions, view_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
 
 pytestmark = pytest.mark.e2e
@@ -137,9 +137,15 @@ def conditions_of(api: Any) -> list[list[dict[str, str]]]:
 def as_keeper(cluster: DevCluster) -> Iterator[Any]:
     """An ApiClient with the token of a service account bound to the self-managed install's
     ClusterRole (its webhook configuration name swapped for this test's)."""
+    with keeper_account(cluster, "self-managed") as account:
+        yield account
+
+
+@contextlib.contextmanager
+def keeper_account(cluster: DevCluster, overlay: str) -> Iterator[Any]:
     from kubernetes import client
 
-    (role,) = [o for o in manifests.render(overlay="self-managed") if o["kind"] == "ClusterRole"]
+    (role,) = [o for o in manifests.render(overlay=overlay) if o["kind"] == "ClusterRole"]
     for rule in role["rules"]:
         if "resourceNames" in rule:
             rule["resourceNames"] = [
@@ -234,6 +240,69 @@ def test_a_new_policy_rewrites_conditions_and_cel_policies(admission: Any, as_ke
     )
     assert rules_of(objects[POLICY_KIND]["gpushare-deny"]) == list(RULES)
     assert conditions_of(admission) == [[dict(c) for c in match_conditions(DEFAULT_POLICY)]] * 2
+
+
+def mutating_objects(api: Any) -> dict[str, dict[str, dict[str, Any]]]:
+    listed = {
+        mutatingpolicy.POLICY_KIND: api.list_mutating_admission_policy,
+        mutatingpolicy.BINDING_KIND: api.list_mutating_admission_policy_binding,
+    }
+    return {
+        kind: {
+            o["metadata"]["name"]: o
+            for o in read_json(list_(label_selector=SELECTOR, _preload_content=False))["items"]
+        }
+        for kind, list_ in listed.items()
+    }
+
+
+def test_the_1_36_install_keeps_its_mutating_policies(cluster: DevCluster, admission: Any) -> None:
+    """The 1.36+ install carries MutatingAdmissionPolicies: the leader, with that install's
+    RBAC, keeps them in step as it does the CEL policies, and scopes the webhooks (there
+    only with the cluster view) to what the view decides."""
+    rendered = mutatingpolicy.mutating_policies(DEFAULT_POLICY, namespace=NAMESPACE)
+    with keeper_account(cluster, manifests.APISERVER_OVERLAY) as account:
+        keeper = ScopeKeeper(account, webhook_config=CONFIG, namespace=NAMESPACE)
+        # An install that carries none gets none, and its webhooks keep their full scope.
+        keeper.reconcile(changed_policy())
+        assert mutating_objects(admission) == {
+            mutatingpolicy.POLICY_KIND: {},
+            mutatingpolicy.BINDING_KIND: {},
+        }
+        assert (
+            conditions_of(admission) == [[dict(c) for c in match_conditions(changed_policy())]] * 2
+        )
+        try:
+            for obj in rendered:
+                if obj["kind"] == mutatingpolicy.POLICY_KIND:
+                    admission.create_mutating_admission_policy(obj)
+                else:
+                    admission.create_mutating_admission_policy_binding(obj)
+            first = keeper.reconcile(DEFAULT_POLICY)
+            assert {f"{o['kind']} {o['metadata']['name']} updated" for o in rendered} <= set(
+                first
+            ), "the first pass stamps what kubectl applied"
+            assert keeper.reconcile(DEFAULT_POLICY) == []
+            view = [dict(c) for c in view_conditions(DEFAULT_POLICY)]
+            assert conditions_of(admission) == [view, view]
+
+            changes = keeper.reconcile(changed_policy())
+            assert f"{mutatingpolicy.POLICY_KIND} {mutatingpolicy.MUTATE} updated" in changes, (
+                changes
+            )
+            stored = mutating_objects(admission)[mutatingpolicy.POLICY_KIND][mutatingpolicy.MUTATE]
+            assert "example.com/gpu" in str(stored["spec"])
+            assert (
+                conditions_of(admission)
+                == [[dict(c) for c in view_conditions(changed_policy())]] * 2
+            )
+            assert keeper.reconcile(changed_policy()) == []
+        finally:
+            objects = mutating_objects(admission)
+            for name in objects[mutatingpolicy.BINDING_KIND]:
+                admission.delete_mutating_admission_policy_binding(name)
+            for name in objects[mutatingpolicy.POLICY_KIND]:
+                admission.delete_mutating_admission_policy(name)
 
 
 def test_an_older_installs_policies_are_reported_not_deleted(

@@ -25,7 +25,7 @@ from tests.e2e import serving
 from tests.e2e.conftest import own_control_plane
 from tests.install.chart import find_kubectl, run
 from webhook.dev.cluster import DevCluster
-from webhook.install import celpolicy, manifests
+from webhook.install import celpolicy, manifests, mutatingpolicy
 
 pytestmark = pytest.mark.e2e
 
@@ -255,6 +255,29 @@ def test_uninstall_keeps_a_namespace_it_did_not_create(
     )
     assert not namespace["metadata"].get("deletionTimestamp")
     assert not names(kubectl, kubeconfig, "-n", "gpu-admission", NAMESPACED_KINDS)
+    assert not names(kubectl, kubeconfig, CLUSTER_KINDS, "-l", LABEL)
+
+
+def test_uninstall_removes_the_1_36_installs_mutating_policies(
+    bare: DevCluster, kubectl: str, kubeconfig: Path
+) -> None:
+    """The 1.36+ install (deploy/overlays/apiserver): its MutatingAdmissionPolicies and
+    bindings go with the rest, bindings first."""
+    namespace = "gpu-in-apiserver"
+    objects = manifests.render(overlay=manifests.APISERVER_OVERLAY, namespace=namespace)
+    kube(kubectl, kubeconfig, "apply", "--server-side", "-f", "-", stdin=manifests.to_yaml(objects))
+    kinds = "mutatingadmissionpolicies,mutatingadmissionpolicybindings"
+    assert {name.split("/", 1)[1] for name in names(kubectl, kubeconfig, kinds)} == set(
+        mutatingpolicy.POLICY_NAMES
+    )
+    done = uninstall(kubeconfig, f"--namespace={namespace}")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    for name in mutatingpolicy.POLICY_NAMES:
+        assert lines.index(f"deleted MutatingAdmissionPolicyBinding {name}") < lines.index(
+            f"deleted MutatingAdmissionPolicy {name}"
+        ), done.stdout
+    assert not names(kubectl, kubeconfig, kinds)
     assert not names(kubectl, kubeconfig, CLUSTER_KINDS, "-l", LABEL)
 
 

@@ -12,7 +12,7 @@ import pytest
 from tests.install.chart import CHART, EXAMPLES, Obj, find_helm, template
 from webhook.certs.selfmanaged import SelfManagedCertificates, SelfManagedConfig
 from webhook.cli import main
-from webhook.install import celpolicy, manifests
+from webhook.install import celpolicy, manifests, mutatingpolicy
 from webhook.install.uninstall import (
     KINDS,
     LABEL_SELECTOR,
@@ -50,8 +50,9 @@ def test_the_label_is_the_installs() -> None:
 
 def test_every_cel_policy_name_is_looked_for() -> None:
     names = installed_names(NAMESPACE)
-    for kind in celpolicy.KINDS:
-        assert names[kind] >= set(celpolicy.POLICY_NAMES)
+    for module in (celpolicy, mutatingpolicy):
+        for kind in module.KINDS:
+            assert names[kind] >= set(module.POLICY_NAMES)
 
 
 def found(obj: Obj, names: dict[str, set[str]]) -> bool:
@@ -64,7 +65,7 @@ def found(obj: Obj, names: dict[str, set[str]]) -> bool:
     )
 
 
-@pytest.mark.parametrize("overlay", manifests.OVERLAYS)
+@pytest.mark.parametrize("overlay", [*manifests.OVERLAYS, manifests.APISERVER_OVERLAY])
 def test_every_object_manifests_renders_is_found(overlay: str) -> None:
     names = installed_names(NAMESPACE)
     objects = manifests.render(overlay=overlay, namespace=NAMESPACE)

@@ -17,7 +17,13 @@ certificate check and at once when the policy changes:
   when the install carries them: an install without any of them (``manifests`` without
   the CEL part, or a cluster older than 1.30) chose not to have them, and none is
   created. Labelled objects under other names (an older install's one policy per rule)
-  are reported, not deleted: the install's RBAC reaches the rendered names only.
+  are reported, not deleted: the install's RBAC reaches the rendered names only;
+- the MutatingAdmissionPolicies and bindings (``gpushare-mutate``, ``gpushare-void``) the
+  same way, where the apiserver serves them (:mod:`webhook.install.mode`) and the install
+  carries them (the 1.36+ install). Such an install registers the webhooks only with the
+  cluster view, for what the view decides, so their conditions are then
+  :func:`~webhook.install.scope.view_conditions`: the install's objects, not the
+  apiserver's version, say which, so a webhook install on 1.36 keeps its full scope.
 
 Writes happen only on a difference, so a check in a quiet cluster reads and writes nothing
 else. Blocking calls (the ``kubernetes`` client): run it in a thread.
@@ -33,14 +39,10 @@ from typing import Any, Final, NamedTuple
 import orjson
 
 from webhook.core.policy import Policy
-from webhook.install.celpolicy import (
-    BINDING_KIND,
-    LABELS,
-    POLICY_KIND,
-    POLICY_NAMES,
-    validating_policies,
-)
-from webhook.install.scope import MatchCondition, match_conditions
+from webhook.install import celpolicy, mutatingpolicy
+from webhook.install.celpolicy import LABELS
+from webhook.install.mode import APISERVER, install_mode, served_kinds
+from webhook.install.scope import MatchCondition, match_conditions, view_conditions
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +50,7 @@ log = logging.getLogger(__name__)
 # too, which comparing only the fields it does set would miss.
 RENDERED: Final = "gpushare.io/rendered"
 _NOT_FOUND: Final = 404
+_FORBIDDEN: Final = 403
 _SELECTOR: Final = ",".join(f"{key}={value}" for key, value in sorted(LABELS.items()))
 
 Obj = dict[str, Any]
@@ -81,8 +84,19 @@ class _KindApi(NamedTuple):
     delete: Callable[..., Any]
 
 
+class _Family(NamedTuple):
+    """One kind of in-apiserver policy the install renders from the policy."""
+
+    policy_kind: str
+    binding_kind: str
+    names: tuple[str, ...]
+    render: Callable[..., list[Obj]]
+    apis: dict[str, _KindApi]
+
+
 class ScopeKeeper:
-    """Brings the webhook configurations' conditions and the CEL policies in line with a policy."""
+    """Brings the webhook configurations' conditions and the in-apiserver policies in line
+    with a policy."""
 
     def __init__(
         self,
@@ -94,6 +108,7 @@ class ScopeKeeper:
     ) -> None:
         from kubernetes import client
 
+        self._api_client = api_client
         self._api: Any = client.AdmissionregistrationV1Api(api_client)
         self.webhook_config = webhook_config
         # The webhook's own namespace: the CEL policies leave it alone, like kube-system.
@@ -104,16 +119,22 @@ class ScopeKeeper:
 
     def reconcile(self, policy: Policy) -> list[str]:
         """Bring the cluster in line with ``policy``; what was changed, one line each."""
-        changes = self._reconcile_conditions(policy)
-        changes.extend(self._reconcile_policies(policy))
+        changes = self._reconcile_family(self._validating(), policy)[1]
+        mutating: list[str] = []
+        carried = False
+        if install_mode(served_kinds(self._api_client, timeout=self._timeout)) == APISERVER:
+            carried, mutating = self._reconcile_family(self._mutating(), policy)
+        changes.extend(mutating)
+        changes[:0] = self._reconcile_conditions(
+            view_conditions(policy) if carried else match_conditions(policy)
+        )
         for change in changes:
             log.info("policy %s (%s): %s", policy.name, policy.digest, change)
         return changes
 
     # -- matchConditions -------------------------------------------------------------
 
-    def _reconcile_conditions(self, policy: Policy) -> list[str]:
-        conditions = match_conditions(policy)
+    def _reconcile_conditions(self, conditions: Sequence[MatchCondition]) -> list[str]:
         changes = []
         for kind, read, patch in (
             (
@@ -161,40 +182,64 @@ class ScopeKeeper:
         self._missing.discard(kind)
         return config
 
-    # -- ValidatingAdmissionPolicies -------------------------------------------------
+    # -- Validating- and MutatingAdmissionPolicies -----------------------------------
 
-    def _kinds(self) -> dict[str, _KindApi]:
+    def _family(self, module: Any, kind: str, render: Callable[..., list[Obj]]) -> _Family:
         api = self._api
-        return {
-            POLICY_KIND: _KindApi(
-                api.list_validating_admission_policy,
-                api.create_validating_admission_policy,
-                api.replace_validating_admission_policy,
-                api.delete_validating_admission_policy,
-            ),
-            BINDING_KIND: _KindApi(
-                api.list_validating_admission_policy_binding,
-                api.create_validating_admission_policy_binding,
-                api.replace_validating_admission_policy_binding,
-                api.delete_validating_admission_policy_binding,
-            ),
+        calls = {
+            module.POLICY_KIND: f"{kind}_admission_policy",
+            module.BINDING_KIND: f"{kind}_admission_policy_binding",
         }
+        return _Family(
+            module.POLICY_KIND,
+            module.BINDING_KIND,
+            tuple(module.POLICY_NAMES),
+            render,
+            {
+                k: _KindApi(
+                    getattr(api, f"list_{suffix}"),
+                    getattr(api, f"create_{suffix}"),
+                    getattr(api, f"replace_{suffix}"),
+                    getattr(api, f"delete_{suffix}"),
+                )
+                for k, suffix in calls.items()
+            },
+        )
 
-    def _reconcile_policies(self, policy: Policy) -> list[str]:
-        kinds = self._kinds()
+    def _validating(self) -> _Family:
+        return self._family(celpolicy, "validating", celpolicy.validating_policies)
+
+    def _mutating(self) -> _Family:
+        return self._family(mutatingpolicy, "mutating", mutatingpolicy.mutating_policies)
+
+    def _reconcile_family(self, family: _Family, policy: Policy) -> tuple[bool, list[str]]:
+        """Whether the install carries ``family``, and what was changed of it."""
+        from kubernetes.client.exceptions import ApiException
+
+        kinds = family.apis
         present: dict[str, dict[str, Obj]] = {}
         for kind, calls in kinds.items():
-            listed = _read(
-                calls.list(
-                    label_selector=_SELECTOR,
-                    _preload_content=False,
-                    _request_timeout=self._timeout,
+            try:
+                listed = _read(
+                    calls.list(
+                        label_selector=_SELECTOR,
+                        _preload_content=False,
+                        _request_timeout=self._timeout,
+                    )
                 )
-            )
+            except ApiException as exc:
+                # The webhook install's RBAC reaches no MutatingAdmissionPolicy (it has
+                # none to keep): such an install does not carry them.
+                if exc.status != _FORBIDDEN or family.policy_kind == celpolicy.POLICY_KIND:
+                    raise
+                if kind not in self._missing:
+                    self._missing.add(kind)
+                    log.info("%s: not allowed to list them, so none is kept", kind)
+                return False, []
             present[kind] = {o["metadata"]["name"]: o for o in listed.get("items") or []}
         if not any(present.values()):
-            return []
-        wanted = [_stamped(obj) for obj in validating_policies(policy, namespace=self.namespace)]
+            return False, []
+        wanted = [_stamped(obj) for obj in family.render(policy, namespace=self.namespace)]
         changes = []
         # Policies before their bindings when applying; bindings first when deleting, so
         # that a binding never names a policy that is gone.
@@ -213,18 +258,18 @@ class ScopeKeeper:
                 calls.replace(name, obj, _preload_content=False, _request_timeout=self._timeout)
             changes.append(f"{kind} {name} {'created' if before is None else 'updated'}")
         names = {(o["kind"], o["metadata"]["name"]) for o in wanted}
-        for kind in (BINDING_KIND, POLICY_KIND):
+        for kind in (family.binding_kind, family.policy_kind):
             for name in sorted(present[kind]):
                 if (kind, name) in names:
                     continue
-                if name not in POLICY_NAMES:
-                    self._report_foreign(kind, name)
+                if name not in family.names:
+                    self._report_foreign(kind, name, family.names)
                     continue
                 kinds[kind].delete(name, _preload_content=False, _request_timeout=self._timeout)
                 changes.append(f"{kind} {name} deleted: the policy no longer renders it")
-        return changes
+        return True, changes
 
-    def _report_foreign(self, kind: str, name: str) -> None:
+    def _report_foreign(self, kind: str, name: str, rendered: Sequence[str]) -> None:
         if (kind, name) in self._foreign:
             return
         self._foreign.add((kind, name))
@@ -234,7 +279,7 @@ class ScopeKeeper:
             "install left it",
             kind,
             name,
-            ", ".join(POLICY_NAMES),
+            ", ".join(rendered),
             kind.lower(),
             name,
         )

@@ -7,7 +7,9 @@ What is ours, found two ways so that neither a renamed label nor a missing one h
   each overlay, the cluster view's RBAC included, moved to the install's namespace), the
   Secrets its Certificates name, and what the self-managed leader creates at run time:
   the Secret ``gpushare-webhook-tls``, the Lease ``gpushare-webhook-tls-leader`` and the
-  CEL policies and bindings of every name in :data:`~webhook.install.celpolicy.POLICY_NAMES`;
+  CEL policies and bindings of every name in :data:`~webhook.install.celpolicy.POLICY_NAMES`
+  and the MutatingAdmissionPolicies and bindings of every name in
+  :data:`~webhook.install.mutatingpolicy.POLICY_NAMES` (the 1.36+ install);
 - by label: ``app.kubernetes.io/part-of=gpushare`` on every kind the install or the chart
   creates (cluster-wide for cluster-scoped kinds, in the install's namespace for the rest:
   a labelled object elsewhere is not the install's to delete). This catches the chart's
@@ -45,8 +47,15 @@ import orjson
 
 from webhook.core.scan import API_VERSIONS as REPORT_APIS
 from webhook.core.scan import MANAGED_BY
-from webhook.install import celpolicy
-from webhook.install.manifests import OVERLAYS, build, deploy_root, overlay_dir, set_namespace
+from webhook.install import celpolicy, mutatingpolicy
+from webhook.install.manifests import (
+    APISERVER_OVERLAY,
+    OVERLAYS,
+    build,
+    deploy_root,
+    overlay_dir,
+    set_namespace,
+)
 
 Obj = dict[str, Any]
 
@@ -109,6 +118,14 @@ CEL_KINDS: Final = (
         celpolicy.BINDING_KIND, _ADMISSION, "validatingadmissionpolicybindings", namespaced=False
     ),
     _kind(celpolicy.POLICY_KIND, _ADMISSION, "validatingadmissionpolicies", namespaced=False),
+    # Not served before 1.36 (404: nothing of them to delete).
+    _kind(
+        mutatingpolicy.BINDING_KIND,
+        _ADMISSION,
+        "mutatingadmissionpolicybindings",
+        namespaced=False,
+    ),
+    _kind(mutatingpolicy.POLICY_KIND, _ADMISSION, "mutatingadmissionpolicies", namespaced=False),
 )
 REST_KINDS: Final = (
     _kind("ServiceMonitor", "monitoring.coreos.com/v1", "servicemonitors"),
@@ -144,7 +161,7 @@ def installed_names(namespace: str) -> dict[str, set[str]]:
     object of every overlay and of the cluster view, the Secrets its Certificates name,
     and what the self-managed leader writes."""
     objects: list[Obj] = []
-    for overlay in OVERLAYS:
+    for overlay in (*OVERLAYS, APISERVER_OVERLAY):
         objects.extend(build(overlay_dir(overlay)))
     cluster_view = deploy_root() / "cluster-view"
     objects.extend(build(cluster_view))
@@ -162,8 +179,9 @@ def installed_names(namespace: str) -> dict[str, set[str]]:
             names.setdefault("Secret", set()).add(obj["spec"]["secretName"])
     names.setdefault("Secret", set()).add(LEADER_SECRET)
     names.setdefault("Lease", set()).add(LEADER_LEASE)
-    for kind in celpolicy.KINDS:
-        names.setdefault(kind, set()).update(celpolicy.POLICY_NAMES)
+    for module in (celpolicy, mutatingpolicy):
+        for kind in module.KINDS:
+            names.setdefault(kind, set()).update(module.POLICY_NAMES)
     # The Namespace is decided on apart: only when the install created it.
     names.pop("Namespace", None)
     return names
