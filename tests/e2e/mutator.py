@@ -1,7 +1,9 @@
 """A second mutating webhook for the reinvocation test, run as its own process.
 
-It annotates every pod it sees (once), so a webhook that ran before it is reinvoked.
-Usage: python tests/e2e/mutator.py PORT CERT KEY
+It annotates every pod it sees (once), so a webhook that ran before it is reinvoked;
+with ``sidecar`` it also adds a container that asks for no GPU, which a mutation that
+ran before it must then void when reinvoked.
+Usage: python tests/e2e/mutator.py PORT CERT KEY [sidecar]
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import orjson
 from aiohttp import web
 
 ANNOTATION = "e2e.gpushare.io/touched"
+SIDECAR = {"name": "e2e-sidecar", "image": "busybox:1.36"}
+ADDS_SIDECAR = web.AppKey("adds_sidecar", bool)
 
 
 async def mutate(request: web.Request) -> web.Response:
@@ -28,6 +32,8 @@ async def mutate(request: web.Request) -> web.Response:
         ]
         if not annotations:
             patch = [{"op": "add", "path": "/metadata/annotations", "value": {ANNOTATION: "yes"}}]
+        if request.app[ADDS_SIDECAR]:
+            patch.append({"op": "add", "path": "/spec/containers/-", "value": SIDECAR})
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(orjson.dumps(patch)).decode()
     return web.json_response(
@@ -40,6 +46,7 @@ def main() -> None:
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
     app = web.Application()
+    app[ADDS_SIDECAR] = sys.argv[4:] == ["sidecar"]
     app.router.add_post("/mutate", mutate)
     web.run_app(app, host="127.0.0.1", port=port, ssl_context=context, print=None)
 

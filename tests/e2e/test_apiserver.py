@@ -112,7 +112,8 @@ def test_vgpu_pod_is_mutated_once_despite_reinvocation(
 class _Mutator:
     """tests/e2e/mutator.py in its own process: a second mutating webhook."""
 
-    def __init__(self, workdir: Path) -> None:
+    def __init__(self, workdir: Path, *, sidecar: bool = False) -> None:
+        self.sidecar = sidecar
         ca = generate_ca(common_name="e2e mutator CA", valid_for=timedelta(hours=2))
         serving = generate_serving(
             ca=ca, dns_names=["localhost"], ip_addresses=["127.0.0.1"], valid_for=timedelta(hours=2)
@@ -129,6 +130,7 @@ class _Mutator:
                 str(self.port),
                 str(self.paths.cert_file),
                 str(self.paths.key_file),
+                *(["sidecar"] if self.sidecar else []),
             ]
         )
         deadline = time.monotonic() + 30
@@ -148,10 +150,14 @@ class _Mutator:
 
 
 @contextlib.contextmanager
-def second_mutator(cluster: DevCluster, namespace: str, workdir: Path) -> Iterator[None]:
+def second_mutator(
+    cluster: DevCluster, namespace: str, workdir: Path, *, sidecar: bool = False
+) -> Iterator[None]:
+    """A second mutating webhook for pods in ``namespace``: it annotates them once
+    and (``sidecar``) adds a container that asks for no GPU."""
     from kubernetes import client
 
-    mutator = _Mutator(workdir)
+    mutator = _Mutator(workdir, sidecar=sidecar)
     mutator.start()
     api: Any = client.AdmissionregistrationV1Api(cluster.api_client())
     name = "zz-e2e-second-mutator"  # sorts after gpushare-webhook, so it runs after ours

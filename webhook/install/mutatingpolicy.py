@@ -388,15 +388,6 @@ def _apply(shape: _Shape, policy: Policy) -> str:
         f"{celpolicy.wanted_scheduler(policy)}) : optional.none()"
     )
     fields = [scheduler, "?hostIPC: variables.mode == 'mps' ? optional.of(true) : optional.none()"]
-    if policy.mps_node_selector:
-        selector = f"(has({spec}.nodeSelector) ? {spec}.nodeSelector : {{}})"
-        entries = ", ".join(
-            f"?{literal(k)}: {literal(k)} in {selector} ? optional.none() : optional.of({literal(v)})"
-            for k, v in policy.mps_node_selector.items()
-        )
-        fields.append(
-            f"?nodeSelector: variables.mode == 'mps' ? optional.of({{{entries}}}) : optional.none()"
-        )
     volumes = _by_mode(
         {
             mode: "["
@@ -496,6 +487,27 @@ def _removals(policy: Policy, mode: Mode) -> str:
     return " + ".join(parts)
 
 
+def _node_selector(policy: Policy) -> str:
+    """JSONPatch adds of the MPS node selector's missing keys (``mutation._mps_ops``): a
+    pod's nodeSelector is an atomic map, which an ApplyConfiguration may not touch. Each
+    adds what is absent, so a rerun finds nothing to add."""
+    if not policy.mps_node_selector:
+        return "[]"
+    spec = "variables.spec"
+    table = (
+        "{"
+        + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in policy.mps_node_selector.items())
+        + "}"
+    )
+    keys = _list(policy.mps_node_selector)
+    return (
+        f"(has({spec}.nodeSelector) ? {keys}.filter(k, !(k in {spec}.nodeSelector)).map(k, "
+        "JSONPatch{op: 'add', path: variables.pointer + '/nodeSelector/' + "
+        f"jsonpatch.escapeKey(k), value: {table}[k]}}) : [JSONPatch{{op: 'add', "
+        f"path: variables.pointer + '/nodeSelector', value: {table}}}])"
+    )
+
+
 def _by_kind(expressions: Mapping[_Shape, str], otherwise: str) -> str:
     expression = otherwise
     for shape, value in reversed(list(expressions.items())):
@@ -537,7 +549,13 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         f"!({gpu}) && ({containers}).exists(c, has(c.env) && "
         "c.env.exists(e, e.name == 'CUDA_VERSION' || e.name.startsWith('NVIDIA_')))"
     )
-    patch = _by_mode({m: _removals(policy, m) for m in ("vgpu", "mps")}, "[]")
+    patch = _by_mode(
+        {
+            "vgpu": _removals(policy, "vgpu"),
+            "mps": f"{_removals(policy, 'mps')} + {_node_selector(policy)}",
+        },
+        "[]",
+    )
     mutate: Obj = {
         "failurePolicy": "Fail",
         "matchConstraints": constraints,

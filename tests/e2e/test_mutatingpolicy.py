@@ -1,0 +1,357 @@
+"""The MutatingAdmissionPolicies through a real kube-apiserver, with no webhook at all.
+
+A generated differential: each object is created (dry run) in a namespace the policy
+exempts and in one the in-apiserver policies mutate and validate. The core's mutation
+of the first answer (the object as admission sees it, defaulted) must equal the second
+on every field the mutation touches, and an object the core admits must be admitted.
+Pods are also created where a second mutating webhook adds a sidecar after the
+policies ran, so they are reinvoked on its output.
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import json
+import time
+from collections import Counter
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Final
+
+import jsonpatch
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.core.strategies import attacked_objects, objects, template_of, wrap
+from tests.e2e import mutator
+from tests.e2e.rest import COLLECTIONS, DIFFERENTIAL, Api, gpu_pod, sendable
+from tests.e2e.test_apiserver import second_mutator
+from tests.paths import ROOT
+from webhook.core.decision import Request, decide
+from webhook.core.injection import MODE_ANNOTATION
+from webhook.dev.cluster import DevCluster, running
+from webhook.install.mutatingpolicy import BINDING_KIND, POLICY_KIND, mutating_policies
+from webhook.policies import parse_policy
+
+pytestmark = pytest.mark.e2e
+
+Obj = dict[str, Any]
+
+MUTATED: Final = "map-on"
+UNTOUCHED: Final = "map-off"
+CHAINED: Final = "map-chain"
+# The default policy with UNTOUCHED exempt: the in-apiserver policies (mutating and
+# validating) skip it, so an object created there is what admission starts from.
+POLICY_TEXT: Final = (
+    (ROOT / "policies" / "default.yaml")
+    .read_text()
+    .replace("    namespaces: []", f"    namespaces: [{UNTOUCHED}]", 1)
+)
+POLICY: Final = parse_policy(POLICY_TEXT)
+# Each example is two or three dry-run creates (~10 ms each).
+EXAMPLES: Final = 400
+_PLURAL: Final = {
+    POLICY_KIND: "mutatingadmissionpolicies",
+    BINDING_KIND: "mutatingadmissionpolicybindings",
+}
+
+
+def create_policies(api: Api, objects: list[Obj]) -> None:
+    for obj in objects:
+        url = f"{api.server}/apis/admissionregistration.k8s.io/v1/{_PLURAL[obj['kind']]}"
+        response = api.http.request("POST", url, json=obj, headers=api.headers)
+        assert response.status == 201, response.data[-2000:]
+
+
+@pytest.fixture(scope="module")
+def map_cluster(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+    """A cluster of its own: the webhook registrations deleted, the mutating policies
+    created beside the validating ones, and in CHAINED a second mutating webhook that
+    adds a sidecar after them (the policies are reinvoked)."""
+    workdir = tmp_path_factory.mktemp("mapcluster")
+    policy = workdir / "policy.yaml"
+    policy.write_text(POLICY_TEXT)
+    with running(bin_dir=bin_dir, policy=policy, workdir=workdir) as cluster:
+        cluster.unregister_webhooks()
+        api = Api(cluster)
+        create_policies(api, mutating_policies(POLICY))
+        for namespace in (MUTATED, UNTOUCHED, CHAINED):
+            cluster.create_namespace(namespace)
+        # The policies load asynchronously: wait until one mutates.
+        deadline = time.monotonic() + 30
+        while MODE_ANNOTATION not in annotations_of(
+            api.create("Pod", MUTATED, gpu_pod("ready")).body
+        ):
+            assert time.monotonic() < deadline, "the mutating policies never took effect"
+            time.sleep(0.2)
+        with second_mutator(cluster, CHAINED, workdir, sidecar=True):
+            yield cluster
+
+
+def annotations_of(body: Any) -> Mapping[str, Any]:
+    if not isinstance(body, dict):
+        return {}
+    return body.get("metadata", {}).get("annotations") or {}
+
+
+def _keyed(items: Any, key: str) -> Any:
+    """A list of objects as a mapping by ``key`` (the last one wins, as the kubelet
+    reads env), the service-account token's volume left out (its name is random), and
+    an empty ``value`` as none (the apiserver stores it so; the kubelet reads both as
+    the empty string)."""
+    if not isinstance(items, list):
+        return items
+    return {
+        item.get(key): {k: v for k, v in item.items() if not (k == "value" and v == "")}
+        for item in items
+        if not str(item.get("name", "")).startswith("kube-api-access-")
+    }
+
+
+def touched(kind: str, obj: Mapping[str, Any]) -> Obj:
+    """What the mutation may touch in ``obj``: the pod's (or template's) annotations and
+    spec, env and mounts and volumes keyed (apply merges by key; the core replaces in
+    place, the policy removes and appends: the order is not the mutation's to keep)."""
+    pod = obj if kind == "Pod" else template_of(obj, kind)
+    spec = copy.deepcopy(pod.get("spec") or {})
+    for part in ("containers", "initContainers"):
+        containers = spec.get(part) or []
+        for container in containers:
+            # None as empty: the token's mount, left out, may have been the only one.
+            container["env"] = _keyed(container.get("env") or [], "name")
+            container["volumeMounts"] = _keyed(container.get("volumeMounts") or [], "mountPath")
+        spec[part] = _keyed(containers, "name")
+    spec["volumes"] = _keyed(spec.get("volumes"), "name")
+    return {"annotations": dict((pod.get("metadata") or {}).get("annotations") or {}), "spec": spec}
+
+
+def core_mutated(kind: str, admitted: Obj) -> tuple[bool, str, Obj]:
+    """The core's verdict on ``admitted`` (as admission saw it), its mode and mutation."""
+    request = Request(kind=kind, operation="CREATE", namespace=MUTATED, username="alice")
+    decision = decide(admitted, request, POLICY, phase="mutate")
+    if not decision.allowed:
+        return False, decision.mode, admitted
+    mutated = jsonpatch.apply_patch(admitted, decision.patch) if decision.patch else admitted
+    validated = decide(mutated, request, POLICY, phase="validate")
+    return validated.allowed, decision.mode, mutated
+
+
+# What a GPU container may already carry that the mutation must merge with or fix: the
+# user's own preloads, limits it overwrites, entries it pins, repeats and valueFrom of
+# names it sets, a stray per-index limit.
+_PRESET_ENV: Final[tuple[Obj, ...]] = (
+    {"name": "LD_PRELOAD", "value": "libfoo.so"},
+    {"name": "LD_PRELOAD", "value": " /usr/local/vgpu/libvgpu.so:libbar.so  libfoo.so"},
+    {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "99999m"},
+    {"name": "CUDA_DEVICE_MEMORY_LIMIT_7", "value": "1m"},
+    {"name": "CUDA_DEVICE_SM_LIMIT", "value": "100"},
+    {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"},
+    {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"},
+    {"name": "ACTIVE_OOM_KILLER", "value": "true"},
+    {"name": "CUDA_TASK_PRIORITY", "value": "0"},
+    {
+        "name": "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
+    },
+    {"name": "MODEL", "value": "llama"},
+    {"name": "MODEL", "value": "mistral"},
+)
+_STACKS: Final[Mapping[str, Mapping[str, tuple[int, ...]]]] = {
+    "hami": {
+        "nvidia.com/gpu": (1, 2, 3),
+        "nvidia.com/gpumem": (1000, 3000, 24000),
+        "nvidia.com/gpucores": (10, 30, 100),
+        "nvidia.com/priority": (0, 1),
+    },
+    "hami-percentage": {
+        "nvidia.com/gpu": (1, 2),
+        "nvidia.com/gpumem-percentage": (25, 50),
+        "nvidia.com/gpucores": (50,),
+    },
+    "ack": {"aliyun.com/gpu-mem": (1, 7, 16), "aliyun.com/gpu-core.percentage": (20, 50)},
+    "volcano": {
+        "volcano.sh/vgpu-number": (1, 2),
+        "volcano.sh/vgpu-memory": (2048, 8000),
+        "volcano.sh/vgpu-cores": (25,),
+    },
+    "mig": {"nvidia.com/mig-1g.5gb": (1, 2)},
+}
+
+
+@st.composite
+def _gpu_container(draw: st.DrawFn, name: str, stack: str) -> Obj:
+    choices = _STACKS[stack]
+    names = draw(st.lists(st.sampled_from(sorted(choices)), min_size=1, unique=True))
+    limits = {r: str(draw(st.sampled_from(choices[r]))) for r in names}
+    resources: Obj = {"limits": limits}
+    if draw(st.booleans()):
+        resources["requests"] = dict(limits)
+    container: Obj = {"name": name, "image": "pytorch/pytorch:2.4.0", "resources": resources}
+    env = draw(st.lists(st.sampled_from(_PRESET_ENV), max_size=4))
+    if env:
+        container["env"] = [dict(e) for e in env]
+    if draw(st.integers(0, 4)) == 0:
+        container["volumeMounts"] = [{"name": "data", "mountPath": "/data"}]
+    return container
+
+
+@st.composite
+def _plain_container(draw: st.DrawFn, name: str) -> Obj:
+    container: Obj = {"name": name, "image": "busybox:1.36"}
+    env = draw(
+        st.sampled_from(
+            [
+                [],
+                [{"name": "CUDA_VERSION", "value": "12.4"}],
+                [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}],
+            ]
+        )
+    )
+    if env:
+        container["env"] = env
+    return container
+
+
+@st.composite
+def sharing_objects(draw: st.DrawFn) -> tuple[str, Obj]:
+    """(kind, object) a careful user writes for each sharing stack, with what the
+    mutation must merge with: preset env, sidecars, init containers, a node selector,
+    a scheduler, the volumes it injects already there."""
+    stack = draw(st.sampled_from(sorted(_STACKS)))
+    spec: Obj = {"containers": [], "volumes": [{"name": "data", "emptyDir": {}}]}
+    for i in range(draw(st.integers(1, 3))):
+        gpu = i == 0 or draw(st.booleans())
+        spec["containers"].append(
+            draw(_gpu_container(f"c{i}", stack)) if gpu else draw(_plain_container(f"c{i}"))
+        )
+    for i in range(draw(st.integers(0, 2))):
+        init = (
+            draw(_gpu_container(f"i{i}", stack))
+            if draw(st.booleans())
+            else draw(_plain_container(f"i{i}"))
+        )
+        if draw(st.booleans()):
+            init["restartPolicy"] = "Always"
+        spec.setdefault("initContainers", []).append(init)
+    mode = "none" if stack == "mig" else "vgpu" if stack == "hami-percentage" else None
+    mode = mode or draw(st.sampled_from(["vgpu", "mps"]))
+    selectors: list[Obj | None] = [None, {"zone": "a"}]
+    if mode == "mps":
+        mps = {"ack.node.gpu.schedule": "mps"}
+        selectors = [mps, {**mps, "zone": "a"}, *selectors]
+    selector = draw(st.sampled_from(selectors))
+    if selector is not None:
+        spec["nodeSelector"] = selector
+    schedulers = [None, "", "default-scheduler"]
+    if stack.startswith("hami"):
+        schedulers.append("hami-scheduler")
+    scheduler = draw(st.sampled_from(schedulers))
+    if scheduler is not None:
+        spec["schedulerName"] = scheduler
+    if mode == "vgpu" and draw(st.booleans()):
+        # As the mutation injects it: what a re-applied, once mutated, manifest holds.
+        spec["volumes"].append(
+            {
+                "name": "gpushare-vgpu-lock",
+                "hostPath": {"path": "/tmp/vgpulock", "type": "DirectoryOrCreate"},
+            }
+        )
+    pod: Obj = {"apiVersion": "v1", "kind": "Pod", "spec": spec}
+    if mode != "none" and (selector is None or "zone" in selector or draw(st.booleans())):
+        pod["metadata"] = {"annotations": {MODE_ANNOTATION: mode}}
+    kind = draw(st.sampled_from(["Pod", "Pod", *COLLECTIONS]))
+    if kind in ("Job", "CronJob"):
+        spec["restartPolicy"] = "Never"
+    return kind, wrap(pod, kind)
+
+
+def chained(obj: Obj) -> Obj:
+    """``obj`` as the second mutating webhook leaves it (tests/e2e/mutator.py)."""
+    obj = copy.deepcopy(obj)
+    obj.setdefault("metadata", {}).setdefault("annotations", {})[mutator.ANNOTATION] = "yes"
+    obj["spec"]["containers"].append(
+        # As the apiserver defaults it once the webhook has added it.
+        {
+            **mutator.SIDECAR,
+            "imagePullPolicy": "IfNotPresent",
+            "resources": {},
+            "terminationMessagePath": "/dev/termination-log",
+            "terminationMessagePolicy": "File",
+        }
+    )
+    return obj
+
+
+def test_the_policies_mutate_as_the_core_does(map_cluster: DevCluster) -> None:
+    """Generated pods and workloads (careful users' mostly, attacks too): where the core
+    admits, the apiserver admits and stores what the core's mutation gives, on every
+    field it touches, also when another mutating webhook changed the pod after the
+    policies (they are reinvoked); every mode and kind is reached."""
+    api = Api(map_cluster)
+    compared: Counter[str] = Counter()
+    mismatches: list[tuple[str, str, Obj]] = []
+
+    def compare(kind: str, namespace: str, start: Obj, sent: Obj) -> None:
+        allowed, mode, expected = core_mutated(kind, start)
+        got = api.create(kind, namespace, sent)
+        if not allowed:
+            return  # refused by the validating policies, after any mutation
+        if got.status != 201:
+            mismatches.append((namespace, f"refused: {got.status} {got.body}", sent))
+            return
+        compared[mode] += 1
+        compared[namespace if namespace == CHAINED else kind] += 1
+        if touched(kind, got.body) != touched(kind, expected):
+            diff = difference(touched(kind, got.body), touched(kind, expected))
+            mismatches.append((namespace, diff, sent))
+
+    @settings(DIFFERENTIAL, max_examples=EXAMPLES)
+    @given(st.one_of(*[sharing_objects()] * 3, objects(), attacked_objects()))
+    def send(example: tuple[str, Obj]) -> None:
+        kind, obj = example
+        sent = sendable(kind, obj, "diff")
+        plain = api.create(kind, UNTOUCHED, sent)
+        if plain.status != 201:
+            return  # the apiserver refuses it before any admission plugin has a say
+        compare(kind, MUTATED, plain.body, sent)
+        if kind == "Pod":
+            compare(kind, CHAINED, chained(plain.body), sent)
+
+    send()
+    print(f"mutating policies vs core: {sorted(compared.items())}, {len(mismatches)} differ")
+    assert not mismatches, f"{len(mismatches)} differ; first: {mismatches[0]}"
+    for mode in ("vgpu", "mps", "mig", "none"):
+        assert compared[mode] >= 10, compared
+    assert compared["Pod"] >= 20 and compared[CHAINED] >= 20, compared
+    assert sum(compared[k] for k in COLLECTIONS if k != "Pod") >= 20, compared
+
+
+def difference(got: Obj, want: Obj) -> str:
+    """The lines that differ between the two, as a unified diff of their JSON."""
+    lines = [json.dumps(x, indent=1, sort_keys=True).splitlines() for x in (got, want)]
+    return "\n".join(difflib.unified_diff(lines[0], lines[1], "policies", "core", lineterm="", n=2))
+
+
+def test_a_legacy_image_in_a_plain_pod_is_voided(map_cluster: DevCluster) -> None:
+    """gpushare-void: a pod that asks for no GPU but names CUDA_VERSION (a legacy
+    image to the NVIDIA hook: every GPU) gets NVIDIA_VISIBLE_DEVICES=void."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "legacy"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "app",
+                    "image": "nvidia/cuda:9.0-base",
+                    "env": [{"name": "CUDA_VERSION", "value": "9.0"}],
+                }
+            ]
+        },
+    }
+    created = Api(map_cluster).create("Pod", MUTATED, pod)
+    assert created.status == 201, created.body
+    env = created.body["spec"]["containers"][0]["env"]
+    assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in env, env
