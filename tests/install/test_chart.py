@@ -39,8 +39,9 @@ from tests.install.test_manifests import strings
 from tests.paths import EXAMPLES as POLICY_EXAMPLES
 from tests.paths import ROOT, documentation
 from webhook.cli import main
-from webhook.install import celpolicy
-from webhook.install.manifests import cel_policies_text
+from webhook.install import celpolicy, mutatingpolicy
+from webhook.install.manifests import cel_policies_text, webhook_configurations
+from webhook.install.scope import view_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
 
 DEPLOY = ROOT / "deploy"
@@ -146,6 +147,62 @@ def test_cert_manager_mode_renders_the_cert_manager_overlay(helm: str, kubectl: 
 def test_cluster_view_renders_the_cluster_view_install(helm: str, kubectl: str) -> None:
     directory = DEPLOY / "cluster-view"
     assert_same_install(helm, kubectl, directory=directory, settings=["clusterView.enabled=true"])
+
+
+SERVED = ["--api-versions", mutatingpolicy.SERVED_AS]
+
+
+@pytest.mark.parametrize(
+    ("settings", "extra"),
+    [([], SERVED), (["admission.mode=apiserver"], [])],
+    ids=["served", "forced"],
+)
+def test_where_mutating_policies_are_served_it_renders_the_apiserver_overlay(
+    helm: str, kubectl: str, settings: list[str], extra: list[str]
+) -> None:
+    """Kubernetes 1.36+ (or admission.mode=apiserver): deploy/overlays/apiserver, object
+    for object: the MutatingAdmissionPolicies and no webhook registration."""
+    expected = [
+        o for o in kustomize(kubectl, DEPLOY / "overlays" / "apiserver") if o["kind"] != "Namespace"
+    ]
+    rendered = by_identity(template(helm, settings=settings, extra=extra))
+    assert sorted(rendered) == sorted(by_identity(expected))
+    for key, obj in by_identity(expected).items():
+        assert rendered[key] == obj, f"{key} differs between the chart and overlays/apiserver"
+    assert not {kind for kind, *_ in rendered} & set(WEBHOOK_KINDS)
+
+
+def test_admission_mode_webhooks_keeps_the_webhooks_where_policies_are_served(
+    helm: str, kubectl: str
+) -> None:
+    rendered = by_identity(template(helm, settings=["admission.mode=webhooks"], extra=SERVED))
+    expected = by_identity([o for o in kustomize(kubectl, DEPLOY) if o["kind"] != "Namespace"])
+    assert rendered == expected
+
+
+def test_with_the_view_the_apiserver_install_registers_what_the_view_decides(helm: str) -> None:
+    objects = template(helm, settings=["clusterView.enabled=true"], extra=SERVED)
+    kinds = {o["kind"] for o in objects}
+    assert set(mutatingpolicy.KINDS) | set(WEBHOOK_KINDS) <= kinds
+    view = [dict(c) for c in view_conditions(DEFAULT_POLICY)]
+    hooks = [o["webhooks"][0] for o in objects if o["kind"] in WEBHOOK_KINDS]
+    assert [h["matchConditions"] for h in hooks] == [view, view]
+    assert [h["failurePolicy"] for h in hooks] == ["Ignore", "Ignore"]
+    assert "--cluster" in pod_spec(objects)["containers"][0]["args"]
+    # The same registrations the dev cluster makes (webhook.install.manifests).
+    configured = webhook_configurations(ca_bundle=b"", policy=DEFAULT_POLICY, mode="apiserver")
+    assert [o["webhooks"][0] for o in configured] == hooks
+
+
+def test_the_apiserver_install_follows_the_release_namespace(helm: str) -> None:
+    objects = template(helm, namespace="gpu-admission", extra=SERVED)
+    assert NAMESPACE not in "\n".join(strings(objects))
+    for policy in (o for o in objects if o["kind"] in mutatingpolicy.KINDS):
+        field = (
+            "matchConstraints" if policy["kind"] == mutatingpolicy.POLICY_KIND else "matchResources"
+        )
+        selector = policy["spec"][field]["namespaceSelector"]
+        assert selector["matchExpressions"][0]["values"] == ["kube-system", "gpu-admission"]
 
 
 def test_cluster_view_secrets_grant_is_the_opt_in_file(helm: str) -> None:

@@ -81,6 +81,8 @@ CHART_SETTINGS = [
     [],
     ["certificates.mode=cert-manager"],
     ["clusterView.enabled=true", "clusterView.secrets=true"],
+    ["admission.mode=apiserver"],
+    ["admission.mode=apiserver", "clusterView.enabled=true"],
     [
         "metrics.serviceMonitor.enabled=true",
         "metrics.prometheusRule.enabled=true",

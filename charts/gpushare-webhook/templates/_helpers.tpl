@@ -53,3 +53,13 @@ matchExpressions:
     operator: NotIn
     values: [kube-system, {{ .Release.Namespace }}]
 {{- end }}
+
+{{/*
+True (non-empty) for the install where MutatingAdmissionPolicies hold the mutation:
+admission.mode apiserver, or auto where the apiserver serves MutatingAdmissionPolicy v1
+(webhook.install.mode decides the same for `manifests` and the leader).
+*/}}
+{{- define "gpushare.inApiserver" -}}
+{{- $mode := .Values.admission.mode -}}
+{{- if or (eq $mode "apiserver") (and (eq $mode "auto") (.Capabilities.APIVersions.Has "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy")) }}true{{ end -}}
+{{- end }}
