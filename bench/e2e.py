@@ -79,13 +79,45 @@ def _p99(samples: list[float]) -> float:
 # What is registered while a round runs: the webhooks, the CEL policies (the
 # ValidatingAdmissionPolicies), or a mix. "none" is the baseline every other is
 # compared with, alternating rounds so that all see the same machine noise.
-SETTINGS: dict[str, tuple[bool, bool, bool]] = {
-    # name: (mutating webhook, validating webhook, CEL policies)
-    "none": (False, False, False),
-    "webhooks": (True, True, False),
-    "webhooks+cel": (True, True, True),
-    "mutating+cel": (True, False, True),
+SETTINGS: dict[str, tuple[bool, bool, bool, bool]] = {
+    # name: (mutating webhook, validating webhook, CEL policies, MutatingAdmissionPolicies)
+    "none": (False, False, False, False),
+    "webhooks": (True, True, False, False),
+    "webhooks+cel": (True, True, True, False),
+    "mutating+cel": (True, False, True, False),
+    # The 1.36+ install: the mutation and the rules inside the apiserver, no webhook.
+    "map+cel": (False, False, True, True),
 }
+_MAP_API = "/apis/admissionregistration.k8s.io/v1"
+_MAP_PLURALS = {
+    "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
+    "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
+}
+
+
+def _call(cluster: DevCluster, method: str, path: str, body: Any = None) -> Any:
+    import urllib3
+
+    http = urllib3.PoolManager(ca_certs=str(cluster.ca_file), cert_reqs="CERT_REQUIRED")
+    headers = {"Authorization": f"Bearer {cluster.token}", "Content-Type": "application/json"}
+    answer = http.request(method, f"{cluster.server}{path}", json=body, headers=headers)
+    if answer.status >= 300:
+        raise RuntimeError(f"{method} {path}: {answer.status} {answer.data[:300]!r}")
+    return read_json(answer)
+
+
+def _set_mutating_policies(cluster: DevCluster, wanted: bool) -> None:
+    """Delete every MutatingAdmissionPolicy (bindings first), then create the default
+    policy's when ``wanted``."""
+    for plural in _MAP_PLURALS.values():
+        for item in _call(cluster, "GET", f"{_MAP_API}/{plural}")["items"]:
+            _call(cluster, "DELETE", f"{_MAP_API}/{plural}/{item['metadata']['name']}")
+    if wanted:
+        from webhook.install.mutatingpolicy import mutating_policies
+        from webhook.policies import DEFAULT_POLICY
+
+        for obj in sorted(mutating_policies(DEFAULT_POLICY), key=lambda o: "Binding" in o["kind"]):
+            _call(cluster, "POST", f"{_MAP_API}/{_MAP_PLURALS[obj['kind']]}", obj)
 
 
 def _at(revision: str, path: str) -> list[dict[str, Any]]:
@@ -113,8 +145,9 @@ def _apply(cluster: DevCluster, setting: str, baselines: dict[str, Any]) -> None
     from kubernetes import client
 
     name, _, revision = setting.partition("@")
-    mutating, validating, cel = SETTINGS[name]
+    mutating, validating, cel, in_apiserver = SETTINGS[name]
     api: Any = client.AdmissionregistrationV1Api(cluster.api_client())
+    _set_mutating_policies(cluster, in_apiserver)
     cluster.unregister_webhooks()
     if mutating:
         cluster.register_webhooks()
