@@ -103,3 +103,66 @@ def test_dev_cluster_serves_until_sigterm(bin_dir: Path, tmp_path: Path) -> None
         for stream in (process.stdout, process.stderr):
             if stream is not None:
                 stream.close()
+
+
+def test_on_1_36_the_dev_cluster_holds_without_the_webhook(bin_dir: Path, tmp_path: Path) -> None:
+    """The install the dev cluster runs on 1.36 (what hack/dev-cluster starts): with the
+    webhook process killed, a GPU pod is still admitted with its slice, and a privileged
+    GPU pod is still refused, both by the apiserver itself."""
+    from kubernetes import client
+
+    from webhook.dev.cluster import running
+    from webhook.install.mode import APISERVER
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text((ROOT / "webhook" / "policies" / "default.yaml").read_text())
+    with running(
+        bin_dir=bin_dir, policy=policy, workdir=tmp_path, mode=None, cel_policies=True
+    ) as cluster:
+        assert cluster.mode == APISERVER, "kube-apiserver 1.36+ serves MutatingAdmissionPolicy v1"
+        admission: Any = client.AdmissionregistrationV1Api(cluster.api_client())
+        hooks = [
+            h
+            for c in (
+                admission.list_mutating_webhook_configuration().items
+                + admission.list_validating_webhook_configuration().items
+            )
+            for h in c.webhooks
+        ]
+        assert hooks and all(h.failure_policy == "Ignore" for h in hooks)
+        assert {h.match_conditions[0].name for h in hooks} == {"gpushare.io/cluster-view"}
+        assert cluster.webhook is not None and cluster.webhook.process is not None
+        cluster.webhook.process.popen.kill()
+        cluster.webhook.process.popen.wait()
+
+        cluster.create_namespace("dev")
+        core: Any = client.CoreV1Api(cluster.api_client())
+
+        def gpu_pod(name: str, **security: Any) -> dict[str, Any]:
+            container: dict[str, Any] = {
+                "name": "c",
+                "image": "x",
+                "resources": {"limits": {"nvidia.com/gpumem": "2000"}},
+            }
+            if security:
+                container["securityContext"] = security
+            return {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name},
+                "spec": {"containers": [container]},
+            }
+
+        created = core.create_namespaced_pod("dev", gpu_pod("capped"))
+        assert created.spec.scheduler_name == "hami-scheduler"
+        (container,) = created.spec.containers
+        env = {e.name: e.value for e in container.env}
+        assert env["CUDA_DEVICE_MEMORY_LIMIT_0"] == "2000m"
+        assert env["LD_PRELOAD"] == "/usr/local/vgpu/libvgpu.so"
+        # The implied count; the apiserver writes 2000 as its canonical 2k.
+        assert container.resources.limits == {"nvidia.com/gpumem": "2k", "nvidia.com/gpu": "1"}
+
+        with pytest.raises(client.ApiException) as refused:
+            core.create_namespaced_pod("dev", gpu_pod("privileged", privileged=True))
+        assert refused.value.status in (400, 403, 422)
+        assert "[privileged-gpu]" in str(refused.value.body)

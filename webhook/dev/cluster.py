@@ -1,6 +1,11 @@
 """A local control plane for development and end-to-end tests: etcd, kube-apiserver
 and this webhook on loopback, with the webhook configurations of ``deploy/`` registered.
 
+``hack/dev-cluster`` runs the install the apiserver's version gets
+(:mod:`webhook.install.mode`): on 1.36+ the MutatingAdmissionPolicies and
+ValidatingAdmissionPolicies, with the webhook (cluster view on) registered only for what
+the view decides, failing open; before 1.36 the webhooks and the ValidatingAdmissionPolicies.
+
 ``hack/dev-cluster`` runs :func:`main`; the e2e suite uses :class:`DevCluster` directly.
 Nothing listens beyond 127.0.0.1. Certificates and the service-account key come from
 :mod:`webhook.certs`.
@@ -35,6 +40,7 @@ from webhook.certs.files import write_files
 from webhook.certs.issue import generate_ca, generate_serving
 from webhook.core.record import PROBE_LABEL
 from webhook.files import write_atomic
+from webhook.install.mode import WEBHOOKS, Mode, detect
 
 REPO: Final = Path(__file__).resolve().parents[2]
 _CONTROL_PLANE_TIMEOUT: Final = 120.0
@@ -225,6 +231,8 @@ class DevCluster:
     api_port: int = field(default_factory=free_port)
     processes: list[_Process] = field(default_factory=list)
     webhook: Webhook | None = None
+    # The install registered (register_webhooks, running): webhooks, or apiserver (1.36+).
+    mode: Mode = WEBHOOKS
     # The apiserver's serving certificate and key, once start_control_plane wrote them.
     apiserver_pair: tuple[Path, Path] = (Path(), Path())
 
@@ -407,9 +415,18 @@ class DevCluster:
         self.webhook.start()
         return self.webhook
 
-    def register_webhooks(self) -> None:
+    def detect_mode(self) -> Mode:
+        """The install this apiserver gets, by what it serves."""
+        api = self.api_client()
+        try:
+            return detect(api)
+        finally:
+            api.close()
+
+    def register_webhooks(self, mode: Mode = WEBHOOKS) -> None:
         """Create (or replace) both webhook configurations from the deploy/ templates,
-        their matchConditions from the policy file the webhook serves (:attr:`policy`)."""
+        their matchConditions from the policy file the webhook serves (:attr:`policy`);
+        in the apiserver ``mode`` only for what the cluster view decides, failing open."""
         from kubernetes import client
 
         from webhook.install.manifests import webhook_configurations
@@ -423,6 +440,7 @@ class DevCluster:
             ca_bundle=self.webhook.ca_bundle(),
             url=self.webhook.url,
             policy=load_policy(self.policy),
+            mode=mode,
         ):
             name = config["metadata"]["name"]
             if config["kind"] == "MutatingWebhookConfiguration":
@@ -468,6 +486,22 @@ class DevCluster:
             else:
                 api.create_validating_admission_policy_binding(obj)
 
+    def register_mutating_policies(self) -> None:
+        """Create the MutatingAdmissionPolicies and bindings of the policy file the webhook
+        serves (Kubernetes 1.36+): the mutation then holds without the webhook."""
+        from kubernetes import client
+
+        from webhook.install.manifests import mutating_policies
+        from webhook.policies import load_policy
+
+        # The client takes plain dicts at run time; its stubs only know its models.
+        api: Any = client.AdmissionregistrationV1Api(self.api_client())
+        for obj in mutating_policies(load_policy(self.policy)):
+            if obj["kind"] == "MutatingAdmissionPolicy":
+                api.create_mutating_admission_policy(obj)
+            else:
+                api.create_mutating_admission_policy_binding(obj)
+
     def install_report_crds(self, *, timeout: float = 30.0) -> None:
         """Create the report CRDs (deploy/reports) and wait until they are served."""
         from kubernetes import client
@@ -501,8 +535,10 @@ class DevCluster:
         with contextlib.suppress(client.ApiException):
             core.create_namespaced_service_account(name, {"metadata": {"name": "default"}})
 
-    def probe(self) -> None:
-        """Prove both webhooks answer through the apiserver (server-side dry-run creates)."""
+    def probe(self, *, refusal: bool = True) -> None:
+        """Prove both webhooks answer through the apiserver (server-side dry-run creates):
+        a GPU pod is mutated and, with ``refusal``, a pinned one refused. Before any
+        webhook is registered, this proves the in-apiserver policies do it."""
         from kubernetes import client
 
         core: Any = client.CoreV1Api(self.api_client())
@@ -533,6 +569,8 @@ class DevCluster:
                 created = core.create_namespaced_pod("gpushare-probe", pod, dry_run="All")
                 if created.spec.scheduler_name != "hami-scheduler":
                     raise ClusterError("the mutating webhook did not mutate the probe pod")
+                if not refusal:
+                    return
                 bad = {**pod, "spec": {**pod["spec"], "nodeName": "somewhere"}}
                 try:
                     core.create_namespaced_pod("gpushare-probe", bad, dry_run="All")
@@ -555,14 +593,33 @@ class DevCluster:
 
 
 @contextlib.contextmanager
-def running(*, bin_dir: Path, policy: Path, workdir: Path) -> Iterator[DevCluster]:
-    """A started dev cluster with the webhook registered and probed; stopped on exit."""
+def running(
+    *,
+    bin_dir: Path,
+    policy: Path,
+    workdir: Path,
+    mode: Mode | None = WEBHOOKS,
+    cel_policies: bool = False,
+) -> Iterator[DevCluster]:
+    """A started dev cluster with the webhook registered and probed; stopped on exit.
+
+    ``mode`` None: the install the apiserver gets (:mod:`webhook.install.mode`); in the
+    apiserver mode the MutatingAdmissionPolicies are created before the probe.
+    ``cel_policies``: the ValidatingAdmissionPolicies too (the install has them)."""
     cluster = DevCluster(workdir=workdir, bin_dir=bin_dir, policy=policy)
     try:
         cluster.start_control_plane()
+        cluster.mode = cluster.detect_mode() if mode is None else mode
         cluster.install_report_crds()
         cluster.start_webhook()
-        cluster.register_webhooks()
+        if cel_policies:
+            cluster.register_cel_policies()
+        if cluster.mode != WEBHOOKS:
+            cluster.register_mutating_policies()
+            # The apiserver loads policies within a second or two: wait until they hold
+            # on their own, before a webhook could answer for them.
+            cluster.probe(refusal=cel_policies)
+        cluster.register_webhooks(cluster.mode)
         cluster.probe()
         assert cluster.webhook is not None
         cluster.webhook.wait_for_view()
@@ -603,15 +660,25 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         policy.write_bytes(policy_source.read_bytes())
         bin_dir = find_binaries(args.bin_dir)
-        with running(bin_dir=bin_dir, policy=policy, workdir=workdir) as cluster:
-            if not args.no_cel_policies:
-                cluster.register_cel_policies()
+        with running(
+            bin_dir=bin_dir,
+            policy=policy,
+            workdir=workdir,
+            mode=None,
+            cel_policies=not args.no_cel_policies,
+        ) as cluster:
             cluster.write_kubeconfig(Path(args.kubeconfig))
             print(
                 f"ready: kube-apiserver {cluster.server}, webhook {cluster.webhook.url if cluster.webhook else ''}, "
                 f"kubeconfig {args.kubeconfig}, policy {policy}, audit {kept_audit} "
                 "(kept after exit), cluster view and policy reports on"
-                + ("" if args.no_cel_policies else ", CEL policies on"),
+                + ("" if args.no_cel_policies else ", CEL policies on")
+                + (
+                    ""
+                    if cluster.mode == WEBHOOKS
+                    else ", MutatingAdmissionPolicies on (the webhook is registered only "
+                    "for what the cluster view decides, failing open)"
+                ),
                 flush=True,
             )
             while not stop.wait(0.5):
