@@ -23,12 +23,16 @@ lint: venv
 typecheck: venv
 	$(BIN)/mypy
 
-# kube-apiserver and etcd for tests/e2e, Helm 4 and 3 for the chart's tests and promtool for
+# kube-apiserver and etcd for tests/e2e (and kube-apiserver 1.30, 1.34 and 1.37 for its
+# version matrix, tests/e2e/test_versions.py), Helm 4 and 3 for the chart's tests and promtool for
 # its alerting rules, built from Go modules and cached (seconds when cached); the image's wheel with the compiled core
 # for tests/core/test_native.py (hack/build-native, a C compiler, about a minute after
 # an edit). Without Go or a compiler those tests say they are skipped; in CI they fail.
 unit: venv
 	GPUSHARE_TESTBIN="$$(command -v go >/dev/null && hack/build-testbin | tail -1)" \
+	GPUSHARE_TESTBIN_1_30="$$(command -v go >/dev/null && hack/build-testbin 1.30 | tail -1)" \
+	GPUSHARE_TESTBIN_1_34="$$(command -v go >/dev/null && hack/build-testbin 1.34 | tail -1)" \
+	GPUSHARE_TESTBIN_1_37="$$(command -v go >/dev/null && hack/build-testbin 1.37 | tail -1)" \
 	GPUSHARE_HELM="$$(command -v go >/dev/null && hack/build-helm | tail -1)" \
 	GPUSHARE_HELM3="$$(command -v go >/dev/null && hack/build-helm 3 | tail -1)" \
 	GPUSHARE_PROMTOOL="$$(command -v go >/dev/null && hack/build-promtool | tail -1)" \
