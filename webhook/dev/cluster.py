@@ -233,6 +233,8 @@ class DevCluster:
     webhook: Webhook | None = None
     # The install registered (register_webhooks, running): webhooks, or apiserver (1.36+).
     mode: Mode = WEBHOOKS
+    # More kube-apiserver flags, e.g. a --runtime-config that switches an API off.
+    apiserver_args: tuple[str, ...] = ()
     # The apiserver's serving certificate and key, once start_control_plane wrote them.
     apiserver_pair: tuple[Path, Path] = (Path(), Path())
 
@@ -345,6 +347,7 @@ class DevCluster:
                 # Privileged pods must reach our webhook to be refused by it, not by this flag.
                 "--allow-privileged=true",
                 "--profiling=false",
+                *self.apiserver_args,
             ],
         )
         self._wait_ready(apiserver, timeout=_CONTROL_PLANE_TIMEOUT)
