@@ -478,19 +478,26 @@ def _visible_devices(policy: Policy) -> PodTest:
     return test
 
 
+def loosening(policy: Policy, entry: str) -> str:
+    """``rules._loosening``: the env entry ``entry`` switches HAMi-core's enforcement
+    off or loosens it."""
+    value = _value(entry)
+    opaque = _opaque(entry)
+    name = f"{entry}.name"
+    terms = [
+        f"{name} == 'CUDA_DISABLE_CONTROL' && ({opaque} || {_stripped_in(value, _TRUTHY)})",
+        f"{name} == 'CUDA_REDIRECT' && ({opaque} || {value} != '')",
+        f"{name} == 'ACTIVE_OOM_KILLER' && ({opaque} || {_stripped_in(value, _FALSY)})",
+    ]
+    if not policy.allow_disable_core_utilization_policy:
+        disable = _stripped_in(value, ("disable",))
+        terms.insert(1, f"{name} == 'GPU_CORE_UTILIZATION_POLICY' && ({opaque} || {disable})")
+    return " || ".join(f"({t})" for t in terms)
+
+
 def _switches(policy: Policy) -> PodTest:
     def test(containers: str, gpu: str, spec: str) -> str:
-        value = _value("e")
-        opaque = _opaque("e")
-        terms = [
-            f"e.name == 'CUDA_DISABLE_CONTROL' && ({opaque} || {_stripped_in(value, _TRUTHY)})",
-            f"e.name == 'CUDA_REDIRECT' && ({opaque} || {value} != '')",
-            f"e.name == 'ACTIVE_OOM_KILLER' && ({opaque} || {_stripped_in(value, _FALSY)})",
-        ]
-        if not policy.allow_disable_core_utilization_policy:
-            disable = _stripped_in(value, ("disable",))
-            terms.insert(1, f"e.name == 'GPU_CORE_UTILIZATION_POLICY' && ({opaque} || {disable})")
-        return f"{gpu} && " + _env_exists(containers, " || ".join(f"({t})" for t in terms))
+        return f"{gpu} && " + _env_exists(containers, loosening(policy, "e"))
 
     return test
 

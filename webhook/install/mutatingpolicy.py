@@ -186,7 +186,10 @@ def _vgpu_wants(policy: Policy) -> str:
         "lists.range(g).map(i, {'name': 'CUDA_DEVICE_SM_LIMIT_' + string(i), "
         "'value': string(k)}) : [])"
     )
-    fixed = (
+    # The switches are pinned unless the container already loosens one: the mutating
+    # webhook refuses that before it mutates, so here the user's value stays for the
+    # limit-tampering validation to refuse (pinned over, the pod would be admitted).
+    switches = (
         _entry(
             "GPU_CORE_UTILIZATION_POLICY",
             f"cel.bind(u, {_current('GPU_CORE_UTILIZATION_POLICY')}, "
@@ -197,6 +200,10 @@ def _vgpu_wants(policy: Policy) -> str:
             "ACTIVE_OOM_KILLER",
             f"cel.bind(o, {_current('ACTIVE_OOM_KILLER')}, o in ['true', '1'] ? o : 'true')",
         ),
+    )
+    loose = f"has(c.env) && c.env.exists(e, {celpolicy.loosening(policy, 'e')})"
+    parts.append(f"({loose} ? [] : [{', '.join(switches)}])")
+    fixed = (
         _entry(
             "CUDA_DEVICE_MEMORY_SHARED_CACHE", f"{literal(CACHE_DIR + '/')} + c.name + '.cache'"
         ),
