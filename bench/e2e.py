@@ -132,10 +132,18 @@ def _at(revision: str, path: str) -> list[dict[str, Any]]:
 
 
 def baseline(revision: str) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]:
-    """(matchConditions by webhook name, CEL policy objects) of deploy/base at ``revision``."""
+    """(matchConditions by webhook name, CEL policy objects) of deploy/ at ``revision``."""
+    # The registrations moved from deploy/base to deploy/webhooks with the 1.36+ install.
+    listed = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "--name-only", revision, "deploy/webhooks/"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    where = "deploy/webhooks" if listed.strip() else "deploy/base"
     conditions = {
         hook["name"]: hook.get("matchConditions", [])
-        for config in _at(revision, "deploy/base/webhookconfigurations.yaml")
+        for config in _at(revision, f"{where}/webhookconfigurations.yaml")
         for hook in config["webhooks"]
     }
     return conditions, _at(revision, "deploy/base/celpolicies.yaml")

@@ -5,13 +5,18 @@ elsewhere. Detection against a real apiserver: tests/e2e/test_modes.py."""
 from __future__ import annotations
 
 import io
+import os
+import re
+import subprocess
+import sys
 from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.paths import ROOT
+from tests.paths import ROOT, documentation
 from webhook.cli import main
 from webhook.cli import manifests as cli_manifests
 from webhook.install import celpolicy, manifests, mutatingpolicy
@@ -230,3 +235,51 @@ def test_manifests_fails_when_the_cluster_cannot_be_asked(monkeypatch: pytest.Mo
     assert not objects
     assert "--kubernetes-version" in err
     assert err.count("\n") == 1
+
+
+def docs_manifests_commands() -> list[str]:
+    """The documentation's `gpushare-webhook manifests --kubernetes-version` examples."""
+    prefix = "    gpushare-webhook manifests --kubernetes-version "
+    return [line.strip() for line in documentation().splitlines() if line.startswith(prefix)]
+
+
+def test_the_docs_render_for_a_version_as_written(tmp_path: Path) -> None:
+    """Run as the reader does (a shell, the CLI on PATH, its output redirected), without
+    any cluster: the version decides."""
+    commands = docs_manifests_commands()
+    assert len(commands) >= 2
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "KUBECONFIG": str(tmp_path / "none")}
+    for command in commands:
+        done = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, (command, done.stderr)
+        assert not done.stderr, command
+        (written,) = re.findall(r"> (\S+)", command)
+        objects = [d for d in yaml.safe_load_all((tmp_path / written).read_text()) if d]
+        version = command.split("--kubernetes-version ")[1].split()[0]
+        has_policies = bool(kinds(objects) & set(mutatingpolicy.KINDS))
+        assert has_policies == (install_mode(kubernetes_version=version) == APISERVER)
+
+
+def test_the_upgrade_table_of_the_apiserver_install_is_what_it_renders() -> None:
+    """docs/upgrade.md's 1.36+ table: created by the install, kept by the leader, whose
+    RBAC reaches them."""
+    rows = []
+    for line in (ROOT / "docs" / "upgrade.md").read_text("utf-8").splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) == 3 and cells[0].startswith("Mutating"):
+            rows.append((*cells[0].split(" ", 1), cells[1], cells[2]))
+    objects = manifests.render(overlay=manifests.APISERVER_OVERLAY)
+    rendered = {(o["kind"], o["metadata"]["name"]) for o in objects}
+    assert {(kind, name) for kind, name, *_ in rows} == {
+        (kind, name) for kind, name in rendered if kind in mutatingpolicy.KINDS
+    }
+    (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
+    for _kind, name, created, kept in rows:
+        assert (created, kept) == ("install", "leader")
+        assert any(
+            "update" in rule["verbs"] and name in rule.get("resourceNames", [])
+            for rule in role["rules"]
+        )
