@@ -126,7 +126,9 @@ class ScopeKeeper:
             carried, mutating = self._reconcile_family(self._mutating(), policy)
         changes.extend(mutating)
         changes[:0] = self._reconcile_conditions(
-            view_conditions(policy) if carried else match_conditions(policy)
+            view_conditions(policy) if carried else match_conditions(policy),
+            # The 1.36+ install registers the webhooks only with the cluster view.
+            registered=not carried,
         )
         for change in changes:
             log.info("policy %s (%s): %s", policy.name, policy.digest, change)
@@ -134,7 +136,11 @@ class ScopeKeeper:
 
     # -- matchConditions -------------------------------------------------------------
 
-    def _reconcile_conditions(self, conditions: Sequence[MatchCondition]) -> list[str]:
+    def _reconcile_conditions(
+        self, conditions: Sequence[MatchCondition], *, registered: bool
+    ) -> list[str]:
+        """``registered``: the install registers the webhooks, so a missing one is worth
+        a warning."""
         changes = []
         for kind, read, patch in (
             (
@@ -148,7 +154,7 @@ class ScopeKeeper:
                 self._api.patch_validating_webhook_configuration,
             ),
         ):
-            config = self._get(kind, read, self.webhook_config)
+            config = self._get(kind, read, self.webhook_config, registered=registered)
             if config is None:
                 continue
             operations = conditions_patch(config, conditions)
@@ -167,7 +173,9 @@ class ScopeKeeper:
             )
         return changes
 
-    def _get(self, kind: str, read: Callable[..., Any], name: str) -> Obj | None:
+    def _get(
+        self, kind: str, read: Callable[..., Any], name: str, *, registered: bool
+    ) -> Obj | None:
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -177,7 +185,12 @@ class ScopeKeeper:
                 raise
             if kind not in self._missing:
                 self._missing.add(kind)
-                log.warning("%s %s does not exist: its matchConditions are not kept", kind, name)
+                log.log(
+                    logging.WARNING if registered else logging.DEBUG,
+                    "%s %s does not exist: its matchConditions are not kept",
+                    kind,
+                    name,
+                )
             return None
         self._missing.discard(kind)
         return config
