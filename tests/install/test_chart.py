@@ -180,6 +180,22 @@ def test_admission_mode_webhooks_keeps_the_webhooks_where_policies_are_served(
     assert rendered == expected
 
 
+def test_with_the_view_where_policies_are_served_it_renders_the_view_overlay(
+    helm: str, kubectl: str
+) -> None:
+    expected = by_identity(
+        [
+            o
+            for o in kustomize(kubectl, DEPLOY / "overlays" / "apiserver-cluster-view")
+            if o["kind"] != "Namespace"
+        ]
+    )
+    rendered = by_identity(template(helm, settings=["clusterView.enabled=true"], extra=SERVED))
+    assert sorted(rendered) == sorted(expected)
+    for key, obj in expected.items():
+        assert rendered[key] == obj, f"{key} differs between the chart and overlays/apiserver-cluster-view"
+
+
 def test_with_the_view_the_apiserver_install_registers_what_the_view_decides(helm: str) -> None:
     objects = template(helm, settings=["clusterView.enabled=true"], extra=SERVED)
     kinds = {o["kind"] for o in objects}

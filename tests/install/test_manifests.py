@@ -678,9 +678,11 @@ def kustomize(kubectl: str, directory: Path) -> list[Obj]:
         ".",
         "base",
         "webhooks",
+        "mutatingpolicies",
         "overlays/self-managed",
         "overlays/cert-manager",
         "overlays/apiserver",
+        "overlays/apiserver-cluster-view",
     ],
 )
 def test_kustomize_renders_what_manifests_renders(kubectl: str, directory: str) -> None:

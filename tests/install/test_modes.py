@@ -31,7 +31,6 @@ from webhook.install.scope import match_conditions, view_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
 
 Obj = dict[str, Any]
-APISERVER_OVERLAY = ROOT / "deploy" / "overlays" / "apiserver"
 CUSTOM = parse_policy(
     """
 apiVersion: gpushare.io/v1alpha1
@@ -93,16 +92,33 @@ def test_unsupported_or_unreadable_versions_are_refused(text: str) -> None:
 
 
 def test_generated_mutating_policies_are_the_renderers() -> None:
-    """deploy/overlays/apiserver/mutatingpolicies.yaml and the chart's copy are generated;
+    """deploy/mutatingpolicies/mutatingpolicies.yaml and the chart's copy are generated;
     fix with hack/update-match-conditions."""
     wanted = manifests.mutating_policies_text(DEFAULT_POLICY)
     for path in (
-        APISERVER_OVERLAY / manifests.MUTATING_POLICIES_FILE,
+        ROOT / "deploy" / "mutatingpolicies" / manifests.MUTATING_POLICIES_FILE,
         ROOT / "charts" / "gpushare-webhook" / "files" / manifests.MUTATING_POLICIES_FILE,
     ):
         assert path.read_text("utf-8") == wanted, (
             f"{path.relative_to(ROOT)} is stale; run hack/update-match-conditions"
         )
+
+
+def test_generated_view_scope_patch_is_the_generators() -> None:
+    path = ROOT / "deploy" / "overlays" / "apiserver-cluster-view" / manifests.VIEW_PATCH_FILE
+    assert path.read_text("utf-8") == manifests.view_patch_text(DEFAULT_POLICY), (
+        f"{path.relative_to(ROOT)} is stale; run hack/update-match-conditions"
+    )
+
+
+def test_the_kustomize_view_install_registers_what_set_view_scope_does() -> None:
+    objects = manifests.build(ROOT / "deploy" / "overlays" / "apiserver-cluster-view")
+    hooks = [h for o in objects if o["kind"] in manifests.WEBHOOK_KINDS for h in o["webhooks"]]
+    configured = manifests.webhook_configurations(
+        ca_bundle=b"", policy=DEFAULT_POLICY, mode=APISERVER
+    )
+    assert hooks == [h for o in configured for h in o["webhooks"]]
+    assert set(mutatingpolicy.KINDS) <= kinds(objects)
 
 
 def test_generated_view_conditions_are_the_generators() -> None:
