@@ -517,7 +517,14 @@ class SelfManagedCertificates:
                 raise
             if kind not in self._missing_configs:
                 self._missing_configs.add(kind)
-                log.warning("%s %s does not exist: no caBundle written", kind, self.webhook_config)
+                # The 1.36+ install registers none without the cluster view: say so, as
+                # the same line must stay a warning where a webhook install lost one.
+                log.warning(
+                    "%s %s does not exist: no caBundle written (expected in the Kubernetes "
+                    "1.36+ install without the cluster view, which registers no webhook)",
+                    kind,
+                    self.webhook_config,
+                )
             return None
         self._missing_configs.discard(kind)
         return config
