@@ -386,3 +386,55 @@ def test_serve_follows_an_edited_policy_file(
             assert time.monotonic() < deadline, served.output()
             time.sleep(0.05)
     assert "matchConditions of 1 webhooks rewritten" in served.output()
+
+
+def test_serve_keeps_the_1_36_installs_mutating_policies(
+    cluster: DevCluster, admission: Any, tmp_path: Path
+) -> None:
+    """The real command on the 1.36+ install: an edited policy file reaches the
+    MutatingAdmissionPolicies, and the webhooks keep the view's scope."""
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(DEFAULT_FILE.read_text())
+    wanted = [dict(c) for c in view_conditions(changed_policy())]
+    try:
+        for obj in mutatingpolicy.mutating_policies(DEFAULT_POLICY, namespace=NAMESPACE):
+            if obj["kind"] == mutatingpolicy.POLICY_KIND:
+                admission.create_mutating_admission_policy(obj)
+            else:
+                admission.create_mutating_admission_policy_binding(obj)
+        deadline = time.monotonic() + WAIT
+        with serving.self_managed(
+            cluster,
+            tmp_path,
+            namespace=NAMESPACE,
+            secret="e2e-scope-tls",
+            webhook_config=CONFIG,
+            pod_name="e2e-scope-pod",
+            args=(f"--policy={policy}",),
+        ) as served:
+            while "leads Lease" not in served.output():
+                assert served.process.poll() is None, served.output()
+                assert time.monotonic() < deadline, served.output()
+                time.sleep(0.05)
+            edited = tmp_path / "policy.yaml.new"
+            edited.write_text(CHANGED)
+            edited.replace(policy)
+
+            def mutate() -> dict[str, Any]:
+                policies = mutating_objects(admission)[mutatingpolicy.POLICY_KIND]
+                return policies[mutatingpolicy.MUTATE]
+
+            while "example.com/gpu" not in str(mutate()["spec"]) or conditions_of(admission) != [
+                wanted,
+                wanted,
+            ]:
+                assert served.process.poll() is None, served.output()
+                assert time.monotonic() < deadline, served.output()
+                time.sleep(0.05)
+        assert f"{mutatingpolicy.POLICY_KIND} {mutatingpolicy.MUTATE} updated" in served.output()
+    finally:
+        objects = mutating_objects(admission)
+        for name in objects[mutatingpolicy.BINDING_KIND]:
+            admission.delete_mutating_admission_policy_binding(name)
+        for name in objects[mutatingpolicy.POLICY_KIND]:
+            admission.delete_mutating_admission_policy(name)
