@@ -3,11 +3,16 @@
 The webhook registrations are deleted: only the ValidatingAdmissionPolicies judge. They
 must refuse each bypass they express, admit plain pods and correctly shaped GPU pods,
 and agree with the decision core on generated objects, rule by rule.
+
+Nothing mutates here: an object carries the mutation only when the test applied the
+core's to it before sending (as the webhook or the MutatingAdmissionPolicies would), so
+unmutated-gpu-pod is compared on objects sent with the mutation absent and present.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import itertools
 import re
 import time
@@ -29,6 +34,7 @@ from tests.core.strategies import (
     attacked_objects,
     objects,
     pod_updates,
+    quota_pods,
 )
 from tests.e2e.rest import COLLECTIONS, DIFFERENTIAL, Api, Sent, gpu_pod, sendable, stored_pod
 from tests.install.test_celpolicy import HOST_PATHS
@@ -36,9 +42,10 @@ from tests.install.test_celpolicy import MODE_SCHEDULERS as MODES_POLICY
 from tests.paths import ROOT
 from webhook.core.decision import Request, decide
 from webhook.core.policy import Policy
+from webhook.core.resources import read_container
 from webhook.core.review import review_object
 from webhook.dev.cluster import DevCluster, running
-from webhook.install.celpolicy import RULES, validating_policies
+from webhook.install.celpolicy import RULES, rule_expressions, validating_policies
 from webhook.policies import load_policy
 
 pytestmark = pytest.mark.e2e
@@ -46,10 +53,14 @@ pytestmark = pytest.mark.e2e
 Obj = dict[str, Any]
 
 POLICY: Final = load_policy(None)
+# The rules the default policy renders (gpu-quota is off until a policy sets limits).
+RENDERED: Final = tuple(rule_expressions(POLICY))
 # Bounded for CI: each example is one dry-run request (~10 ms).
 EXAMPLES: Final = 1000
 # The denial differential only checks the first refusing rule: fewer suffice.
 DENY_EXAMPLES: Final = 300
+# Mutated GPU pods with what the mutation set dropped or changed (unmutated-gpu-pod).
+EDIT_EXAMPLES: Final = 300
 UPDATE_EXAMPLES: Final = 100
 WARN_LABEL: Final = "gpushare.io/cel-warn-only"
 # Namespaces with this label are judged by the CEL policies of a policy with per-mode
@@ -100,11 +111,11 @@ def cel_cluster(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         api = Api(cluster)
         # The policies and bindings are loaded asynchronously: wait until each refuses.
         shapes = {rule: pod for pod, rule in BYPASSES.values()}
-        assert set(shapes) == set(RULES)
+        assert set(shapes) == set(RENDERED)
         deadline = time.monotonic() + 30
         for rule, pod in sorted(shapes.items()):
-            while vap_rules(api.create("Pod", "cel-ready", pod)) != {rule}:
-                assert time.monotonic() < deadline, f"the CEL policy of {rule} never took effect"
+            while vap_rules(sent := api.create("Pod", "cel-ready", pod)) != {rule}:
+                assert time.monotonic() < deadline, (rule, "never took effect", str(sent.body))
                 time.sleep(0.2)
         api.http.clear()
         yield cluster
@@ -144,10 +155,12 @@ def vap_rules(sent: Sent) -> set[str]:
     return set(_RULE_IN_MESSAGE.findall(str(sent.body.get("message", ""))))
 
 
-def judged_by_cel(obj: Any) -> Any:
+def judged_by_cel(obj: Any, policy: Policy = POLICY) -> Any:
     """``obj`` with what the CEL rules leave to the webhook made moot: a mountPath with a
     ``..`` segment (CEL cannot resolve it; the apiserver refuses it in a hostPath only)
-    moved to a path no rule watches. The mount's name and readOnly stay judged."""
+    moved to a path no rule watches (the mount's name and readOnly stay judged); in a
+    container asking for memory as a percentage, its per-GPU memory limits dropped (only
+    the cluster view knows their values: unmutated-gpu-pod neither wants nor refuses them)."""
     obj = copy.deepcopy(obj)
     stack = [obj]
     while stack:
@@ -158,19 +171,34 @@ def judged_by_cel(obj: Any) -> Any:
                 target = mount.get("mountPath") if isinstance(mount, dict) else None
                 if isinstance(target, str) and ".." in target.split("/"):
                     mount["mountPath"] = f"/unjudged-{index}"
+            _drop_percentage_limits(node, policy)
             stack.extend(node.values())
         elif isinstance(node, list):
             stack.extend(node)
     return obj
 
 
+def _drop_percentage_limits(node: Obj, policy: Policy) -> None:
+    """Drop ``CUDA_DEVICE_MEMORY_LIMIT_<i>`` (i below its GPU count) from ``node`` when it
+    is a container asking for memory as a valid percentage and not in MiB."""
+    env = node.get("env")
+    if not isinstance(env, list) or not isinstance(node.get("resources"), dict):
+        return
+    request = read_container(node, kind="containers", index=0, policy=policy)
+    if request is None or request.memory_mib is not None or request.memory_percentage is None:
+        return
+    owned = {f"CUDA_DEVICE_MEMORY_LIMIT_{i}" for i in range(request.gpus)}
+    node["env"] = [e for e in env if not (isinstance(e, dict) and e.get("name") in owned)]
+
+
 def core_denials(obj: Any, namespace: str, policy: Policy = POLICY, **request: Any) -> set[str]:
-    obj = judged_by_cel(obj)
+    obj = judged_by_cel(obj, policy)
     entry = review_object(obj, policy, namespace=namespace, **request)
     denied = {v["rule"] for v in entry["violations"] if v["action"] == "deny"} & set(RULES)
-    # No mutation runs here: a container the webhook would void (a legacy CUDA image) is
-    # seen by the policies as /validate sees what missed the mutation.
-    if entry["allowed"] and isinstance(obj, dict):
+    # The review mutates before it validates; here nothing mutates, so what the mutation
+    # would still set is /validate's verdict on the object as the apiserver holds it.
+    denied.discard("unmutated-gpu-pod")
+    if isinstance(obj, dict):
         facts = Request(
             kind=str(obj.get("kind") or ""),
             operation=request.get("operation", "CREATE"),
@@ -178,9 +206,13 @@ def core_denials(obj: Any, namespace: str, policy: Policy = POLICY, **request: A
             username=request.get("username", ""),
             groups=tuple(request.get("groups", ())),
         )
-        validated = decide(obj, facts, policy, phase="validate")
-        if "raw-visible-devices" in {v["rule"] for v in validated.denials}:
+        validated = {v["rule"] for v in decide(obj, facts, policy, phase="validate").denials}
+        # A container the webhook would void (a legacy CUDA image) is seen by the
+        # policies as /validate sees what missed the mutation, whatever else is refused.
+        if "raw-visible-devices" in validated:
             denied.add("raw-visible-devices")
+        if "unmutated-gpu-pod" in validated:
+            denied.add("unmutated-gpu-pod")
     return denied
 
 
@@ -222,6 +254,53 @@ def _mutated(pod: Obj, policy: Policy = POLICY, *, namespace: str = "default") -
     entry = review_object(pod, policy, namespace=namespace)
     mutated: Obj = entry["object"]
     return mutated
+
+
+_MPS: Final = {"ack.node.gpu.schedule": "mps"}
+
+
+def _asks(limits: Obj) -> Obj:
+    return _c(gpu=False, resources={"limits": dict(limits)})
+
+
+def _moded(pod: Obj, mode: str) -> Obj:
+    return {**pod, "metadata": {"name": "p", "annotations": {"gpushare.io/mode": mode}}}
+
+
+def _without(pod: Obj, field: str) -> Obj:
+    pod = copy.deepcopy(pod)
+    del pod["spec"][field]
+    return pod
+
+
+def _set_env(pod: Obj, name: str, value: str) -> Obj:
+    """``pod`` with its first container's last ``name`` entry set to ``value``."""
+    pod = copy.deepcopy(pod)
+    (entry,) = [e for e in pod["spec"]["containers"][0]["env"] if e["name"] == name][-1:]
+    entry["value"] = value
+    return pod
+
+
+def _with_env(pod: Obj, name: str) -> Obj:
+    """``pod`` with an empty ``name`` entry added to its first container's env."""
+    pod = copy.deepcopy(pod)
+    pod["spec"]["containers"][0]["env"].append({"name": name, "value": ""})
+    return pod
+
+
+def _with_container(pod: Obj, container: Obj) -> Obj:
+    pod = copy.deepcopy(pod)
+    pod["spec"]["containers"].append(container)
+    return pod
+
+
+def _mutation_of(obj: Any, policy: Policy, *, namespace: str) -> Any:
+    """``obj`` with the mutation ``policy`` gives it applied, whatever rule it breaks (the
+    webhook would refuse such an object; the warn-only bindings judge it all the same)."""
+    if not isinstance(obj, dict):
+        return obj
+    audit = dataclasses.replace(policy, actions=dict.fromkeys(policy.actions, "audit"))
+    return review_object(obj, audit, namespace=namespace)["object"]
 
 
 def _writable(pod: Obj) -> Obj:
@@ -424,6 +503,50 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         ),
         "gpu-claim",
     ),
+    # What the core reads with the quantity parser: units, ranges, requests and limits.
+    "gpumem-gibibytes": (_pod("p", _asks({"nvidia.com/gpumem": "3Gi"})), "invalid-gpu-request"),
+    "gpumem-bytes": (
+        _pod("p", _asks({"nvidia.com/gpumem": "3221225472"})),
+        "invalid-gpu-request",
+    ),
+    "cores-over-100": (_pod("p", _asks({"nvidia.com/gpucores": "150"})), "invalid-gpu-request"),
+    "zero-gpus": (_pod("p", _asks({"nvidia.com/gpu": "0"})), "invalid-gpu-request"),
+    "memory-twice": (
+        _pod("p", _asks({"nvidia.com/gpumem": "3000", "aliyun.com/gpu-mem": "3"})),
+        "invalid-gpu-request",
+    ),
+    "mig-mode-slice": (_moded(_pod("p", _c()), "mig"), "mode-conflict"),
+    "mig-beside-slice": (
+        _pod("p", _asks({"nvidia.com/mig-1g.5gb": "1", "nvidia.com/gpumem": "3000"})),
+        "mode-conflict",
+    ),
+    "mode-misspelt": (_moded(_pod("p", _c()), "vgpu2"), "mode-conflict"),
+    "mps-percentage": (
+        _moded(_pod("p", _asks({"nvidia.com/gpumem-percentage": "25"})), "mps"),
+        "mode-conflict",
+    ),
+    "selector-means-mps": (
+        _moded(_pod("p", _c(), nodeSelector={"ack.node.gpu.schedule": "mps"}), "vgpu"),
+        "mode-conflict",
+    ),
+    # What the mutation sets, missing or changed after it.
+    "unmutated": (_pod("p", _c()), "unmutated-gpu-pod"),
+    "unmutated-mps-host-ipc": (
+        _without(_mutated(_pod("p", _c(), nodeSelector=_MPS)), "hostIPC"),
+        "unmutated-gpu-pod",
+    ),
+    "unmutated-limit-raised": (
+        _set_env(_mutated(_pod("p", _c())), "CUDA_DEVICE_MEMORY_LIMIT_0", "8000m"),
+        "unmutated-gpu-pod",
+    ),
+    "unmutated-preload-dropped": (
+        _set_env(_mutated(_pod("p", _c())), "LD_PRELOAD", "/opt/libjemalloc.so"),
+        "unmutated-gpu-pod",
+    ),
+    "unmutated-sidecar-unvoided": (
+        _with_container(_mutated(_pod("p", _c())), _c("late", gpu=False)),
+        "unmutated-gpu-pod",
+    ),
 }
 
 ADMITTED: Final[dict[str, Obj]] = {
@@ -496,6 +619,15 @@ ADMITTED: Final[dict[str, Obj]] = {
         "p",
         _c(volumeMounts=[{"name": "s", "mountPath": "/s", "readOnly": True}]),
         volumes=[{"name": "s", "hostPath": {"path": "/sys"}}],
+    ),
+    # Memory as a percentage: the per-GPU limits the cluster view would set are no stray.
+    "mutated-percentage-limited": _set_env(
+        _with_env(
+            _mutated(_pod("p", _asks({"nvidia.com/gpumem-percentage": "25"}))),
+            "CUDA_DEVICE_MEMORY_LIMIT_0",
+        ),
+        "CUDA_DEVICE_MEMORY_LIMIT_0",
+        "10240m",
     ),
     "mutated-mps-host-ipc": _mutated(
         _pod("p", _c(), hostIPC=True, nodeSelector={"ack.node.gpu.schedule": "mps"})
@@ -619,17 +751,29 @@ def test_env_and_device_sources_are_guarded_without_the_webhook(
 
 @pytest.mark.parametrize("shape", sorted(ADMITTED))
 def test_plain_and_well_shaped_gpu_pods_are_admitted(api: Api, ns: str, shape: str) -> None:
+    """Admitted as the mutation (the webhook's or the MutatingAdmissionPolicies') leaves
+    them; a GPU-sharing pod that missed it is refused as unmutated-gpu-pod."""
     pod = ADMITTED[shape]
-    for kind, obj in (("Pod", pod), ("Deployment", _deployment(pod)), ("CronJob", _cronjob(pod))):
+    mutated = _mutated(pod, namespace=ns)
+    assert core_denials(mutated, ns) == set()
+    for kind, obj in (
+        ("Pod", mutated),
+        ("Deployment", _deployment(mutated)),
+        ("CronJob", _cronjob(mutated)),
+    ):
         sent = api.create(kind, ns, obj)
         assert sent.status == 201, (kind, sent.body)
+    unmutated = core_denials(pod, ns)
+    assert unmutated <= {"unmutated-gpu-pod"}
+    sent = api.create("Pod", ns, pod)
+    assert vap_rules(sent) == unmutated, sent.body
 
 
 def test_forged_allocation_on_update_follows_the_writers(api: Api, ns: str) -> None:
     tenant, _ = IDENTITIES["tenant"]
     scheduler, _ = IDENTITIES["scheduler"]
     api.grant_pod_patch(ns, tenant, scheduler)
-    created = api.create("Pod", ns, gpu_pod("victim"), dry_run=False)
+    created = api.create("Pod", ns, _mutated(gpu_pod("victim"), namespace=ns), dry_run=False)
     assert created.status == 201, created.body
     forged = {"metadata": {"annotations": {"hami.io/vgpu-node": "node-1"}}}
     refused = api.patch_pod(ns, "victim", forged, user=tenant)
@@ -656,6 +800,97 @@ def warned_rules(api: Api, kind: str, namespace: str, obj: Obj) -> tuple[int, An
     return response.status, orjson.loads(response.data), set(_RULE_IN_WARNING.findall(warnings))
 
 
+_EDITS: Final = (
+    "none",
+    "none",
+    "env-drop",
+    "env-value",
+    "env-value-from",
+    "env-repeat",
+    "mount-drop",
+    "mount-read-write",
+    "volume-drop",
+    "scheduler",
+    "annotation",
+    "host-ipc",
+    "container",
+    "resource",
+    "claim",
+    "limit-added",
+)
+_EDITED_VALUES: Final = ("", "0", "1", "3000m", "30", "force", "true", "/tmp", "x")
+
+
+@st.composite
+def mutation_edits(draw: st.DrawFn, policy: Policy, namespace: str) -> tuple[str, Obj]:
+    """A GPU pod or template (well formed, so that the apiserver takes most) as the
+    mutation leaves it, then one or two things the mutation set dropped or changed (or
+    none): unmutated-gpu-pod's ground."""
+    quota = quota_pods().map(lambda pod: ("Pod", pod))
+    kind, obj = draw(st.one_of(_scheduled(), quota, objects(hostile=False)))
+    obj = _mutation_of(sendable(kind, obj, "e"), policy, namespace=namespace)
+    pod = strategies.template_of(obj, kind)
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    if not isinstance(spec, dict) or not isinstance(spec.get("containers"), list):
+        return kind, obj
+    containers = [c for k in ("containers", "initContainers") for c in spec.get(k) or []]
+    for _ in range(draw(st.integers(1, 2))):
+        edit = draw(st.sampled_from(_EDITS))
+        container = draw(st.sampled_from(containers))
+        env = container.get("env") or []
+        mounts = container.get("volumeMounts") or []
+        if edit == "env-drop" and env:
+            env.pop(draw(st.integers(0, len(env) - 1)))
+        elif edit in ("env-value", "env-value-from", "env-repeat") and env:
+            entry = dict(draw(st.sampled_from(env)))
+            entry.pop("valueFrom", None)
+            if edit == "env-value-from":
+                entry.pop("value", None)
+                entry["valueFrom"] = {"fieldRef": {"fieldPath": "metadata.name"}}
+            else:
+                entry["value"] = draw(st.sampled_from(_EDITED_VALUES))
+            if edit == "env-repeat":
+                env.append(entry)
+            else:
+                env[env.index(next(e for e in env if e["name"] == entry["name"]))] = entry
+        elif edit == "mount-drop" and mounts:
+            mounts.pop(draw(st.integers(0, len(mounts) - 1)))
+        elif edit == "mount-read-write" and mounts:
+            mount = draw(st.sampled_from(mounts))
+            mount["readOnly"] = not mount.get("readOnly", False)
+        elif edit == "volume-drop" and spec.get("volumes"):
+            name = spec["volumes"].pop(draw(st.integers(0, len(spec["volumes"]) - 1)))["name"]
+            for each in containers:
+                if each.get("volumeMounts"):
+                    each["volumeMounts"] = [m for m in each["volumeMounts"] if m["name"] != name]
+        elif edit == "scheduler":
+            spec["schedulerName"] = draw(st.sampled_from(["default-scheduler", "", "volcano"]))
+        elif edit == "annotation" and isinstance(pod.get("metadata"), dict):
+            annotations = pod["metadata"].get("annotations") or {}
+            annotations.pop("gpushare.io/mode", None)
+        elif edit == "host-ipc":
+            spec.pop("hostIPC", None)
+        elif edit == "container":
+            spec["containers"].append({"name": "added", "image": "busybox"})
+        elif edit == "limit-added":
+            name = draw(
+                st.sampled_from(["CUDA_DEVICE_MEMORY_LIMIT_0", "CUDA_DEVICE_MEMORY_LIMIT_1"])
+            )
+            container.setdefault("env", []).append({"name": name, "value": "3000m"})
+        elif edit == "claim":
+            spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
+            container.setdefault("resources", {})["claims"] = [{"name": "gpu"}]
+        elif edit == "resource":
+            limits = (container.get("resources") or {}).get("limits") or {}
+            requests = (container.get("resources") or {}).get("requests") or {}
+            for name in [n for n in limits if n.startswith(("nvidia.com/", "volcano.sh/"))][:1]:
+                value = draw(st.sampled_from(["1", "2", "50", "2000", "0", "150", "3Gi"]))
+                limits[name] = value
+                if name in requests:
+                    requests[name] = value
+    return kind, obj
+
+
 def test_cel_verdicts_equal_the_cores_rule_by_rule(cel_cluster: DevCluster, api: Api) -> None:
     """Differential, exact per rule: in a namespace where the bindings only warn, every
     failing CEL rule shows as a warning; for generated objects, the set of warned rules
@@ -666,6 +901,13 @@ def test_cel_verdicts_equal_the_cores_rule_by_rule(cel_cluster: DevCluster, api:
     core: Any = client.CoreV1Api(cel_cluster.api_client())
     core.create_namespace({"metadata": {"name": namespace, "labels": {WARN_LABEL: "1"}}})
     cel_cluster.create_namespace(namespace)
+    # The bindings see a new namespace's labels once their informer does: until then
+    # nothing warns there.
+    probe, rule = BYPASSES["privileged"]
+    deadline = time.monotonic() + 30
+    while rule not in warned_rules(api, "Pod", namespace, probe)[2]:
+        assert time.monotonic() < deadline, "the warn-only bindings never took effect"
+        time.sleep(0.2)
     results: list[tuple[str, Obj, int, Any, set[str]]] = []
     counter = itertools.count()
 
@@ -673,14 +915,30 @@ def test_cel_verdicts_equal_the_cores_rule_by_rule(cel_cluster: DevCluster, api:
     @given(st.one_of(objects(), attacked_objects()))
     def send(example: tuple[str, Obj]) -> None:
         kind, obj = example
+        number = next(counter)
+        obj = sendable(kind, obj, f"w{number}")
+        # Every other one as the mutation leaves it (by count: the examples stay those
+        # the derandomised strategies have always drawn).
+        if number % 2:
+            obj = _mutation_of(obj, POLICY, namespace=namespace)
+        results.append((kind, obj, *warned_rules(api, kind, namespace, obj)))
+
+    @settings(DIFFERENTIAL, max_examples=EDIT_EXAMPLES)
+    @given(mutation_edits(POLICY, namespace))
+    def send_edited(example: tuple[str, Obj]) -> None:
+        kind, obj = example
         obj = sendable(kind, obj, f"w{next(counter)}")
         results.append((kind, obj, *warned_rules(api, kind, namespace, obj)))
 
     started = time.monotonic()
     send()
+    send_edited()
     mismatches = []
     seen_rules: set[str] = set()
     admitted = 0
+    # GPU-sharing pods and templates by whether they carry their mutation (the core's
+    # unmutated-gpu-pod verdict): both must be common for the rule's match to mean much.
+    sharing = {"mutated": 0, "unmutated": 0}
     for kind, obj, status, body, got in results:
         if status in (400, 422):
             continue
@@ -690,13 +948,27 @@ def test_cel_verdicts_equal_the_cores_rule_by_rule(cel_cluster: DevCluster, api:
         seen_rules |= got
         if got != want:
             mismatches.append((kind, sorted(got), sorted(want), obj))
+        if _shares(kind, body):
+            sharing["unmutated" if "unmutated-gpu-pod" in want else "mutated"] += 1
     elapsed = time.monotonic() - started
     print(
-        f"CEL rule-by-rule differential: {admitted} admitted of {len(results)} in {elapsed:.1f} s"
+        f"CEL rule-by-rule differential: {admitted} admitted of {len(results)} in {elapsed:.1f} s;"
+        f" GPU-sharing: {sharing}"
     )
     assert not mismatches, f"{len(mismatches)} differ; first: {mismatches[0]}"
-    assert seen_rules == set(RULES), seen_rules
+    assert seen_rules == set(RENDERED), seen_rules
     assert admitted >= EXAMPLES // 20
+    assert min(sharing.values()) >= EDIT_EXAMPLES // 5, sharing
+
+
+def _shares(kind: str, obj: Any) -> bool:
+    """``obj`` (as the apiserver holds it) asks for a GPU slice in some container."""
+    from tests.core.strategies import template_of
+    from webhook.core.resources import read_pod
+
+    pod = template_of(obj, kind)
+    spec = pod.get("spec") if isinstance(pod, dict) else None
+    return isinstance(spec, dict) and read_pod(spec, POLICY).sharing
 
 
 def _modes_namespace(cel_cluster: DevCluster, name: str) -> None:
@@ -760,7 +1032,7 @@ def test_cel_verdicts_equal_the_cores_with_per_mode_schedulers(
     for name in namespaces:
         _modes_namespace(cel_cluster, name)
     # The policies load asynchronously: wait until each rule warns on its bypass.
-    pending = set(RULES)
+    pending = set(RENDERED)
     deadline = time.monotonic() + 30
     while pending:
         assert time.monotonic() < deadline, f"never took effect: {sorted(pending)}"
@@ -769,13 +1041,17 @@ def test_cel_verdicts_equal_the_cores_with_per_mode_schedulers(
     results: list[tuple[str, str, Obj, int, Any, set[str]]] = []
     counter = itertools.count()
 
-    mixed = st.one_of(_scheduled(), objects(), attacked_objects())
+    quota = quota_pods().map(lambda pod: ("Pod", pod))
+    mixed = st.one_of(_scheduled(), quota, objects(), attacked_objects())
 
     @settings(DIFFERENTIAL, max_examples=MODES_EXAMPLES)
     @given(mixed, st.sampled_from(namespaces))
     def send(example: tuple[str, Obj], namespace: str) -> None:
         kind, obj = example
-        obj = sendable(kind, obj, f"m{next(counter)}")
+        number = next(counter)
+        obj = sendable(kind, obj, f"m{number}")
+        if number % 2:
+            obj = _mutation_of(obj, MODES_POLICY, namespace=namespace)
         results.append((kind, namespace, obj, *warned_rules(api, kind, namespace, obj)))
 
     send()
@@ -783,20 +1059,26 @@ def test_cel_verdicts_equal_the_cores_with_per_mode_schedulers(
     # Objects whose scheduler-bypass verdict the mode entries change: the entries are tried.
     moved = 0
     admitted = 0
+    seen: dict[str, int] = {}
     for kind, namespace, obj, status, body, got in results:
         if status in (400, 422):
             continue
         assert status == 201, body
         admitted += 1
         want = core_denials(body, namespace, MODES_POLICY)
+        for rule in want:
+            seen[rule] = seen.get(rule, 0) + 1
         if got != want:
             mismatches.append((kind, namespace, sorted(got), sorted(want), obj))
         default = core_denials(body, namespace)
         moved += ("scheduler-bypass" in want) != ("scheduler-bypass" in default)
-    print(f"CEL per-mode schedulers differential: {admitted} admitted, {moved} moved")
-    assert not mismatches, f"{len(mismatches)} differ; first: {mismatches[0]}"
+    print(f"CEL per-mode schedulers differential: {admitted} admitted, {moved} moved, {seen}")
+    assert not mismatches, f"{len(mismatches)} differ: {mismatches}"
     assert admitted >= MODES_EXAMPLES // 20
     assert moved >= MODES_EXAMPLES // 100, moved
+    # The policy's maxima and its per-mode namespaces are reached too.
+    for rule in ("gpu-quota", "mode-conflict", "invalid-gpu-request", "unmutated-gpu-pod"):
+        assert seen.get(rule, 0) >= MODES_EXAMPLES // 100, (rule, seen)
 
 
 def test_cel_verdicts_equal_the_cores(api: Api, ns: str) -> None:
@@ -811,7 +1093,11 @@ def test_cel_verdicts_equal_the_cores(api: Api, ns: str) -> None:
     @given(st.one_of(objects(), attacked_objects()))
     def send(example: tuple[str, Obj]) -> None:
         kind, obj = example
-        sent.append(api.create(kind, ns, sendable(kind, obj, f"x{next(counter)}")))
+        number = next(counter)
+        obj = sendable(kind, obj, f"x{number}")
+        if number % 2:
+            obj = _mutation_of(obj, POLICY, namespace=ns)
+        sent.append(api.create(kind, ns, obj))
 
     started = time.monotonic()
     send()
@@ -840,6 +1126,18 @@ def test_cel_verdicts_equal_the_cores(api: Api, ns: str) -> None:
     assert counts["refused"] >= DENY_EXAMPLES // 50, counts
     assert counts["admitted"] >= DENY_EXAMPLES // 20, counts
     print(f"refused by: {sorted(refused_by)}")
+
+
+def _stored_pod(api: Api, namespace: str, name: str, base: str) -> Obj:
+    """``stored_pod``, a GPU pod as the mutation leaves it: nothing here mutates it."""
+    if base != "gpu":
+        return stored_pod(api, namespace, name, base)
+    created = api.create(
+        "Pod", namespace, _mutated(gpu_pod(name), namespace=namespace), dry_run=False
+    )
+    assert created.status == 201, created.body
+    stored: Obj = created.body
+    return stored
 
 
 class _Recording:
@@ -878,7 +1176,7 @@ def test_cel_update_verdicts_equal_the_cores_rule_by_rule(cel_cluster: DevCluste
         st.sampled_from(sorted(IDENTITIES)),
     )
     def send(base: str, edits: list[tuple[str, Any, Any]], identity: str) -> None:
-        old = stored_pod(api, namespace, f"u{next(counter)}", base)
+        old = _stored_pod(api, namespace, f"u{next(counter)}", base)
         debug = [e for e in edits if e[0] == "debug"]
         new = apply_update(old, debug or edits)
         user, groups = IDENTITIES[identity]
@@ -940,6 +1238,9 @@ def test_large_pods_stay_within_the_cel_cost_limits(api: Api, ns: str) -> None:
     ]
     pod = _pod("big", *containers)
     pod["metadata"]["annotations"] = {f"example.com/a{k}": "v" for k in range(200)}
+    # Mutated: unmutated-gpu-pod then reads every entry the mutation set in each container.
+    pod = _mutated(pod, namespace=ns)
+    containers = pod["spec"]["containers"]
     admitted = api.create("Pod", ns, pod)
     assert admitted.status == 201, admitted.body
     containers[-1]["securityContext"] = {"privileged": True}

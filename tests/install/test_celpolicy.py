@@ -46,7 +46,8 @@ spec:
 )
 
 # Per-mode schedulers beside per-resource ones, one naming the default (not moot with a
-# mode entry), and a namespace that chooses a mode.
+# mode entry), and a namespace that chooses a mode; mps and mig each allowed in some
+# namespaces only, and maxima per container and pod.
 MODE_SCHEDULERS = parse_policy(
     """
 apiVersion: gpushare.io/v1alpha1
@@ -58,6 +59,12 @@ spec:
     nvidia.com/gpucores: hami-scheduler
   modes:
     namespaces: {mps: [mps-team]}
+    allowedNamespaces: {mps: [mps-*], mig: [cel-*]}
+  rules:
+    gpu-quota: deny
+  limits:
+    perContainer: {gpus: 2, memoryMiB: 6000, cores: 50}
+    perPod: {gpus: 3, memoryMiB: 8000}
 """
 )
 
@@ -96,13 +103,19 @@ def test_one_policy_and_binding_per_action_holding_its_rules() -> None:
     assert set(RULES) <= set(RULE_IDS)
     spec = policies["gpushare-deny"]["spec"]
     assert spec["failurePolicy"] == "Fail"
-    assert list(validations_by_rule(policies["gpushare-deny"])) == list(RULES)
+    # gpu-quota is off until a policy sets limits.
+    rendered = [r for r in RULES if r != "gpu-quota"]
+    assert list(validations_by_rule(policies["gpushare-deny"])) == rendered
+    assert list(celpolicy.rule_expressions(DEFAULT_POLICY)) == rendered
     expressions = celpolicy.rule_expressions(DEFAULT_POLICY)
     for rule, validation in validations_by_rule(policies["gpushare-deny"]).items():
         assert validation["expression"] == expressions[rule]
         assert validation["message"] == f"[{rule}] {celpolicy.MESSAGES[rule]}"
         assert validation["reason"] == "Forbidden"
-    assert [v["name"] for v in spec["variables"]] == [
+    # celpolicy's shared variables (the MutatingAdmissionPolicies read them too) first,
+    # then what only the validations read.
+    names = [v["name"] for v in spec["variables"]]
+    assert names[: len(celpolicy.variables(DEFAULT_POLICY))] == [
         v["name"] for v in celpolicy.variables(DEFAULT_POLICY)
     ]
     # No rule is evaluated outside the webhooks' scope: their condition comes first.
@@ -166,7 +179,9 @@ def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
     assert rules["gpushare-warn"] == ["privileged-gpu"]
     assert rules["gpushare-audit"] == ["node-name-pinning"]
     assert rules["gpushare-deny"] == [
-        r for r in RULES if r not in ("privileged-gpu", "node-name-pinning", "raw-visible-devices")
+        r
+        for r in RULES
+        if r not in ("privileged-gpu", "node-name-pinning", "raw-visible-devices", "gpu-quota")
     ]
     # The shared parts are the same in every policy.
     specs = [p["spec"] for p in policies.values()]
@@ -297,3 +312,66 @@ def test_host_device_access_in_denylist_mode_has_no_allow_list() -> None:
     # Mount paths with a ".." segment are left to the webhook, hostPaths need no such
     # guard (the apiserver refuses them).
     assert expression.count("s == '..'") == 2  # new and old pod, mountPath only
+
+
+# The request rules under a policy with maxima, per-mode namespaces and the preload as a
+# file (policies/examples/strict.yaml).
+STRICT = parse_policy((ROOT / "policies" / "examples" / "strict.yaml").read_text("utf-8"))
+
+
+def test_the_request_rules_are_rendered_where_the_core_reads_only_the_pod() -> None:
+    """invalid-gpu-request, mode-conflict and unmutated-gpu-pod under every policy,
+    gpu-quota only under a policy that sets maxima and does not turn it off."""
+    default = celpolicy.rule_expressions(DEFAULT_POLICY)
+    for rule in ("invalid-gpu-request", "mode-conflict", "unmutated-gpu-pod"):
+        assert rule in default, rule
+        assert default[rule].startswith("!(variables.created && "), rule
+    assert "gpu-quota" not in default
+    strict = celpolicy.rule_expressions(STRICT)
+    assert list(strict) == list(RULES)
+    quota = strict["gpu-quota"]
+    for limit in (2, 40960, 100, 4, 81920):
+        assert f"> {limit}" in quota, limit
+    # Sidecars run beside the main containers, plain init containers before them.
+    requests = {v["name"]: v["expression"] for v in celpolicy.request_variables(STRICT)}
+    assert "restartPolicy" in requests["initAsks"]
+    off = parse_policy(
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n"
+        "  rules: {gpu-quota: 'off'}\n  limits: {perPod: {gpus: 1}}\n"
+    )
+    policies = by_kind(validating_policies(off), "ValidatingAdmissionPolicy")
+    assert "gpu-quota" not in validations_by_rule(policies["gpushare-deny"])
+
+
+def test_invalid_gpu_request_holds_each_resource_to_its_unit() -> None:
+    expression = celpolicy.rule_expressions(DEFAULT_POLICY)["invalid-gpu-request"]
+    # MiB up to 512 GiB, GiB up to 1 TiB, percentages and counts; binary suffixes out.
+    for bound in ("<= 524288", "<= 1024", "<= 100", "<= 64", "endsWith('i')"):
+        assert bound in expression, bound
+    assert "isQuantity(" in expression and "compareTo(" in expression
+
+
+def test_mode_conflict_renders_the_policys_namespaces_per_mode() -> None:
+    strict = celpolicy.rule_expressions(STRICT)["mode-conflict"]
+    assert '"gpu-mps"' in strict
+    assert glob_regex("gpu-mps-*") in strict.replace("\\\\", "\\")
+    # Every namespace may use every mode under the default policy: nothing to test.
+    default = celpolicy.rule_expressions(DEFAULT_POLICY)["mode-conflict"]
+    assert "request.namespace" not in default
+    # The percentage an mps pod cannot be capped by without the cluster view.
+    assert "nvidia.com/gpumem-percentage" in default
+
+
+def test_unmutated_gpu_pod_asks_for_what_the_policys_mutation_injects() -> None:
+    default = celpolicy.rule_expressions(DEFAULT_POLICY)["unmutated-gpu-pod"]
+    strict = celpolicy.rule_expressions(STRICT)["unmutated-gpu-pod"]
+    for name in ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY"):
+        assert name in default and name in strict, name
+    # preload: env prepends the library; preload: file mounts ld.so.preload.
+    assert "LD_PRELOAD" in default and "LD_PRELOAD" not in strict
+    assert "/etc/ld.so.preload" in strict and "/etc/ld.so.preload" not in default
+    assert '"force"' in strict  # strict's coreUtilizationPolicy
+    # No stricter than the webhook with its cluster view: the per-GPU memory limits of a
+    # percentage, which only the view turns into MiB, are never stray.
+    assert "a['pct'] > 0) && n.matches('^CUDA_DEVICE_MEMORY_LIMIT_" in default
+    assert "hami-scheduler" in default and "hostIPC" in default
