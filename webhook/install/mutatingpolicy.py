@@ -443,6 +443,10 @@ def _remove(pointer: str) -> str:
     return f".reverse().map(j, JSONPatch{{op: 'remove', path: {pointer} + string(j)}})"
 
 
+# The names the mutation sets that do not start with CUDA_ (container_wants).
+_SET_OUTSIDE_CUDA: Final = ("LD_PRELOAD", "GPU_CORE_UTILIZATION_POLICY", "ACTIVE_OOM_KILLER")
+
+
 def _removals(policy: Policy, mode: Mode) -> str:
     """JSONPatch removals, each list's from its last index, of what the apply cannot
     fix in a pod of ``mode`` (see the module's docstring)."""
@@ -491,7 +495,16 @@ def _removals(policy: Policy, mode: Mode) -> str:
         f"v.name in {_list(names)} && !({volume_kept})))"
         f"{_remove('variables.pointer + ' + literal('/volumes/'))})"
     )
-    return " + ".join(parts)
+    # Each mutation is evaluated on its own (``variables.wants`` again), and most pods
+    # hold nothing to remove: a scan of names and paths first skips that work.
+    containers = f"({_POD_CONTAINERS})"
+    suspect = (
+        f"{containers}.exists(c, (has(c.env) && c.env.exists(e, e.name.startsWith('CUDA_') || "
+        f"e.name in {_list(_SET_OUTSIDE_CUDA)})) || (has(c.volumeMounts) && "
+        f"c.volumeMounts.exists(m, m.mountPath in {_list(paths)}))) || "
+        f"(has({spec}.volumes) && {spec}.volumes.exists(v, v.name in {_list(names)}))"
+    )
+    return f"(({suspect}) ? ({' + '.join(parts)}) : [])"
 
 
 def _node_selector(policy: Policy) -> str:
