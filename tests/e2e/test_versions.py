@@ -28,6 +28,7 @@ from webhook.core.policy import Policy
 from webhook.dev.cluster import DevCluster, running
 from webhook.install import mutatingpolicy
 from webhook.install.celpolicy import validating_policies
+from webhook.install.mode import APISERVER, WEBHOOKS, detect, install_mode
 from webhook.policies import load_policy
 
 pytestmark = pytest.mark.e2e
@@ -74,9 +75,10 @@ def served_kinds(api: Api) -> set[str]:
 
 
 def install_objects(policy: Policy, served: set[str]) -> list[Obj]:
-    """The admission policies an install creates on an apiserver that serves ``served``."""
+    """The admission policies an install creates on an apiserver that serves ``served``:
+    the mutation in the apiserver where the install's choice says so."""
     objects = validating_policies(policy)
-    if mutatingpolicy.SERVED_AS in served:
+    if install_mode(served) == APISERVER:
         objects += mutatingpolicy.mutating_policies(policy)
     return objects
 
@@ -228,6 +230,12 @@ def test_mutating_policies_where_served_alone_give_the_slice(
 ) -> None:
     served = served_kinds(api)
     assert (mutatingpolicy.SERVED_AS in served) == version.mutating_policies, sorted(served)
+    client = versioned.api_client()
+    try:
+        # What the install's own discovery makes of it: the same fact, the same choice.
+        assert detect(client) == (APISERVER if version.mutating_policies else WEBHOOKS)
+    finally:
+        client.close()
     if not version.mutating_policies:
         return
     without_webhook(versioned)
