@@ -21,6 +21,7 @@ from typing import Any, Final, NamedTuple
 
 import jsonpatch
 import pytest
+import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -31,6 +32,7 @@ from tests.e2e.test_apiserver import second_mutator
 from tests.paths import ROOT
 from webhook.core.decision import Request, decide
 from webhook.core.injection import MODE_ANNOTATION
+from webhook.core.policy import Policy
 from webhook.dev.cluster import DevCluster, running
 from webhook.install.celpolicy import RULES as CEL_RULES
 from webhook.install.mutatingpolicy import BINDING_KIND, POLICY_KIND, mutating_policies
@@ -40,17 +42,28 @@ pytestmark = pytest.mark.e2e
 
 Obj = dict[str, Any]
 
-MUTATED: Final = "map-on"
+# MUTATED matches strict.yaml's MPS namespaces (gpu-mps-*), so both policies reach mps.
+MUTATED: Final = "gpu-mps-map"
 UNTOUCHED: Final = "map-off"
-CHAINED: Final = "map-chain"
-# The default policy with UNTOUCHED exempt: the in-apiserver policies (mutating and
-# validating) skip it, so an object created there is what admission starts from.
-POLICY_TEXT: Final = (
-    (ROOT / "policies" / "default.yaml")
-    .read_text()
-    .replace("    namespaces: []", f"    namespaces: [{UNTOUCHED}]", 1)
-)
-POLICY: Final = parse_policy(POLICY_TEXT)
+CHAINED: Final = "gpu-mps-chain"
+# The policies compared: the default, and the strict example (the preload as a file,
+# mps only in some namespaces, quotas, a host path allowlist).
+POLICY_FILES: Final = ("default.yaml", "examples/strict.yaml")
+
+
+def exempting_untouched(path: Path) -> str:
+    """The policy file's text with UNTOUCHED exempt: the in-apiserver policies (mutating
+    and validating) skip it, so an object created there is what admission starts from."""
+    document = yaml.safe_load(path.read_text())
+    document["spec"].setdefault("exemptions", {})["namespaces"] = [UNTOUCHED]
+    return yaml.safe_dump(document)
+
+
+class MapCluster(NamedTuple):
+    cluster: DevCluster
+    policy: Policy
+
+
 # Each example is two or three dry-run creates (~10 ms each).
 EXAMPLES: Final = 400
 _PLURAL: Final = {
@@ -66,19 +79,22 @@ def create_policies(api: Api, objects: list[Obj]) -> None:
         assert response.status == 201, response.data[-2000:]
 
 
-@pytest.fixture(scope="module")
-def map_cluster(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DevCluster]:
+@pytest.fixture(scope="module", params=POLICY_FILES)
+def map_cluster(
+    bin_dir: Path, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[MapCluster]:
     """A cluster of its own: the webhook registrations deleted, the mutating policies
     created beside the validating ones, and in CHAINED a second mutating webhook that
     adds a sidecar after them (the policies are reinvoked)."""
     workdir = tmp_path_factory.mktemp("mapcluster")
-    policy = workdir / "policy.yaml"
-    policy.write_text(POLICY_TEXT)
-    with running(bin_dir=bin_dir, policy=policy, workdir=workdir) as cluster:
+    text = exempting_untouched(ROOT / "policies" / request.param)
+    policy = parse_policy(text)
+    (workdir / "policy.yaml").write_text(text)
+    with running(bin_dir=bin_dir, policy=workdir / "policy.yaml", workdir=workdir) as cluster:
         cluster.unregister_webhooks()
         cluster.register_cel_policies()
         api = Api(cluster)
-        create_policies(api, mutating_policies(POLICY))
+        create_policies(api, mutating_policies(policy))
         for namespace in (MUTATED, UNTOUCHED, CHAINED):
             cluster.create_namespace(namespace)
         # The policies load asynchronously: wait until one mutates.
@@ -89,7 +105,7 @@ def map_cluster(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
             assert time.monotonic() < deadline, "the mutating policies never took effect"
             time.sleep(0.2)
         with second_mutator(cluster, CHAINED, workdir, sidecar=True):
-            yield cluster
+            yield MapCluster(cluster, policy)
 
 
 def annotations_of(body: Any) -> Mapping[str, Any]:
@@ -176,14 +192,14 @@ class Core(NamedTuple):
     mutated: Obj
 
 
-def core_mutated(kind: str, admitted: Obj) -> Core:
+def core_mutated(kind: str, admitted: Obj, policy: Policy) -> Core:
     """The core's verdict on ``admitted`` (as admission saw it), its mode and mutation."""
     request = Request(kind=kind, operation="CREATE", namespace=MUTATED, username="alice")
-    decision = decide(admitted, request, POLICY, phase="mutate")
+    decision = decide(admitted, request, policy, phase="mutate")
     if not decision.allowed:
         return Core(frozenset(v["rule"] for v in decision.denials), decision.mode, admitted)
     mutated = jsonpatch.apply_patch(admitted, decision.patch) if decision.patch else admitted
-    validated = decide(mutated, request, POLICY, phase="validate")
+    validated = decide(mutated, request, policy, phase="validate")
     return Core(frozenset(v["rule"] for v in validated.denials), decision.mode, mutated)
 
 
@@ -333,17 +349,17 @@ def chained(obj: Obj) -> Obj:
     return obj
 
 
-def test_the_policies_mutate_as_the_core_does(map_cluster: DevCluster) -> None:
+def test_the_policies_mutate_as_the_core_does(map_cluster: MapCluster) -> None:
     """Generated pods and workloads (careful users' mostly, attacks too): where the core
     admits, the apiserver admits and stores what the core's mutation gives, on every
     field it touches, also when another mutating webhook changed the pod after the
     policies (they are reinvoked); every mode and kind is reached."""
-    api = Api(map_cluster)
+    api = Api(map_cluster.cluster)
     compared: Counter[str] = Counter()
     mismatches: list[tuple[str, str, Obj]] = []
 
     def compare(kind: str, namespace: str, start: Obj, sent: Obj) -> None:
-        core = core_mutated(kind, start)
+        core = core_mutated(kind, start, map_cluster.policy)
         got = api.create(kind, namespace, sent)
         if core.denied:
             # The apiserver refuses what the core refuses by a rule CEL renders, naming
@@ -402,7 +418,7 @@ def difference(got: Obj, want: Obj) -> str:
     return "\n".join(difflib.unified_diff(lines[0], lines[1], "policies", "core", lineterm="", n=2))
 
 
-def test_a_legacy_image_in_a_plain_pod_is_voided(map_cluster: DevCluster) -> None:
+def test_a_legacy_image_in_a_plain_pod_is_voided(map_cluster: MapCluster) -> None:
     """gpushare-void: a pod that asks for no GPU but names CUDA_VERSION (a legacy
     image to the NVIDIA hook: every GPU) gets NVIDIA_VISIBLE_DEVICES=void."""
     pod = {
@@ -419,7 +435,7 @@ def test_a_legacy_image_in_a_plain_pod_is_voided(map_cluster: DevCluster) -> Non
             ]
         },
     }
-    created = Api(map_cluster).create("Pod", MUTATED, pod)
+    created = Api(map_cluster.cluster).create("Pod", MUTATED, pod)
     assert created.status == 201, created.body
     env = created.body["spec"]["containers"][0]["env"]
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in env, env
