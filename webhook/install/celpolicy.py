@@ -101,7 +101,9 @@ rule refuses only what the old object did not already break, as the core judges 
 update by what it adds.
 
 Pure: a policy in, a list of objects out. CEL sees the objects without assuming any
-field: each one is guarded by ``has()`` before it is read.
+optional field: each one is guarded by ``has()`` before it is read. Names and mountPaths
+of containers, env entries, volumes and mounts are read as they are: the apiserver
+validates the object before validating admission, and refuses one without them.
 """
 
 from __future__ import annotations
