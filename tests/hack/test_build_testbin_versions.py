@@ -33,9 +33,12 @@ case "$1" in
     esac ;;
   mod) ;;
   build)
-    ldflags=
-    while [ "$1" != -o ]; do [ "$1" = -ldflags ] && ldflags=$2; shift; done
-    printf '#!/bin/sh\\necho "%s"\\n' "$ldflags" > "$2"
+    flags=
+    while [ "$1" != -o ]; do
+      case "$1" in -ldflags|-tags) flags="$flags $1=$2 " ;; esac
+      shift
+    done
+    printf '#!/bin/sh\\necho "%s"\\n' "$flags" > "$2"
     chmod +x "$2" ;;
   *) echo "unexpected: $*" >&2; exit 9 ;;
 esac
@@ -65,7 +68,10 @@ def run(
 
 def key(moddir: Path, recipe: str = "1") -> str:
     text = f"recipe={recipe}\n".encode() + (moddir / "go.mod").read_bytes()
-    return hashlib.sha256(text + (moddir / "go.sum").read_bytes()).hexdigest()[:16]
+    text += (moddir / "go.sum").read_bytes()
+    if (moddir / "build-tags").exists():
+        text += f"tags={(moddir / 'build-tags').read_text().strip()}\n".encode()
+    return hashlib.sha256(text).hexdigest()[:16]
 
 
 def test_every_minor_has_a_module_and_a_place_in_the_matrix() -> None:
@@ -100,6 +106,8 @@ def test_a_minor_builds_only_its_kube_apiserver_stamped_with_its_release(
     assert f"gitMajor={major} " in stamp
     assert f"gitMinor={minor_number} " in stamp
     assert f"gitVersion=v{minor}." in stamp
+    # Only 1.30 still links an in-tree cloud provider for "providerless" to leave out.
+    assert ("-tags=providerless " in stamp) == (minor == "1.30")
     assert "building kube-apiserver (1/1)" in result.stderr
     assert "kube-apiserver only" in result.stderr
 
@@ -127,6 +135,27 @@ def test_a_changed_go_sum_builds_into_a_fresh_directory(tmp_path: Path) -> None:
     assert first.stdout != second.stdout
     assert again.stdout == second.stdout
     assert "build-testbin: cached: " in again.stderr
+
+
+def test_build_tags_are_part_of_the_key_and_must_be_tags(tmp_path: Path) -> None:
+    hack = tmp_path / "hack"
+    hack.mkdir()
+    shutil.copy2(SCRIPT, hack / "build-testbin")
+    shutil.copytree(ROOT / "hack" / "testbin-1.30", hack / "testbin-1.30")
+    first = run(tmp_path, "1.30", script=hack / "build-testbin")
+    (hack / "testbin-1.30" / "build-tags").write_text("providerless,osusergo\n")
+    second = run(tmp_path, "1.30", script=hack / "build-testbin")
+    (hack / "testbin-1.30" / "build-tags").write_text("providerless -o /tmp/x\n")
+    bad = run(tmp_path, "1.30", script=hack / "build-testbin")
+
+    assert first.returncode == second.returncode == 0
+    assert first.stdout != second.stdout
+    stamp = subprocess.run(
+        [second.stdout.strip() + "/kube-apiserver"], capture_output=True, text=True, check=True
+    ).stdout
+    assert "-tags=providerless,osusergo " in stamp
+    assert bad.returncode == 2
+    assert "build-tags: give tags as a,b" in bad.stderr
 
 
 @pytest.mark.parametrize(
@@ -161,7 +190,7 @@ def test_without_go_it_names_the_variable_that_takes_a_prebuilt_directory(tmp_pa
 @pytest.mark.parametrize("minor", MINORS)
 def test_a_module_points_every_staging_module_at_its_own_release(minor: str) -> None:
     """A half-done bump (one staging module of another release) builds a kube-apiserver
-    that is neither; hack/testbin/README.md says how a module is written."""
+    that is neither; docs/development.md says how a module is written."""
     text = (ROOT / "hack" / f"testbin-{minor}" / "go.mod").read_text()
     (release,) = re.findall(r"^require k8s\.io/kubernetes v(\S+)$", text, re.M)
     assert release.startswith(f"{minor}.")
