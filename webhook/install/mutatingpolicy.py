@@ -31,9 +31,12 @@ Patch types, per field:
   apply cannot fix: an env entry of a wanted name that takes ``valueFrom`` or that a
   later entry of the same name repeats, a stray vGPU limit variable, a mount at one of
   the injected mountPaths that differs from the injected one, a volume of an injected
-  name that differs. Remove ops carry no value: kube-apiserver 1.36.0-1.36.4 mishandle
-  JSONPatch values that are objects or lists (kubernetes#140557), and a removal's
-  effect is gone once applied, so a rerun finds nothing to remove.
+  name that differs; and it adds the MPS node selector's missing keys (a pod's
+  nodeSelector is an atomic map, which an ApplyConfiguration may not touch). No op
+  carries a list or an ``Object{}`` initializer, the values kube-apiserver 1.36 panics
+  on (kubernetes#142181); the one map value, the node selector of a pod that has none,
+  is a plain map of strings. A removal's effect is gone once applied and a key is added
+  only when absent, so a rerun finds nothing to do.
 
 CEL cannot read the cluster, so what the cluster view decides stays the webhook's:
 a memory percentage stays a percentage here (HAMi's device plugin turns it into the
