@@ -849,13 +849,14 @@ def _invalid_request(policy: Policy) -> str:
     return _parts("c", " || ".join(f"({t})" for t in terms))
 
 
-def _ask(policy: Policy, c: str, *, init: bool = False) -> str:
+def _ask(policy: Policy, c: str, *, init: bool = False, only: Iterable[str] = ()) -> str:
     """What container ``c`` asks for as ``read_container`` counts it, as a map of ints:
     ``g`` its (v)GPUs (the last count resource, 1 when invalid or absent), ``d`` the GPU
     devices it gets (``rules._gpus``), ``m`` its memory in MiB (the last valid one, else 0),
     ``k`` its cores (the last cores resource, -1 when invalid or absent), ``pct`` its memory
     percentage (likewise), ``p`` its priority (the last valid one, else HAMi-core's 1);
-    with ``init``, ``side``: 1 for a sidecar (restartPolicy Always)."""
+    with ``init``, ``side``: 1 for a sidecar (restartPolicy Always); with ``only``, those
+    fields alone."""
     counts = f"{_asked(policy.count_resources)}.map(r, {_amount(_ASKED, 1, MAX_COUNT)})"
     gpus = f"[{counts}].map(x, size(x) > 0 && x[size(x) - 1] > 0 ? x[size(x) - 1] : 1)[0]"
     mib = sorted(policy.memory_mib_resources)
@@ -887,7 +888,8 @@ def _ask(policy: Policy, c: str, *, init: bool = False) -> str:
     }
     if init:
         fields["side"] = f"has({c}.restartPolicy) && {c}.restartPolicy == 'Always' ? 1 : 0"
-    body = "{" + ", ".join(f"{literal(k)}: {v}" for k, v in fields.items()) + "}"
+    wanted = set(only) or set(fields)
+    body = "{" + ", ".join(f"{literal(k)}: {v}" for k, v in fields.items() if k in wanted) + "}"
     return _parts_value(c, body)
 
 
@@ -1019,17 +1021,27 @@ def _gpu_quota(policy: Policy) -> str | None:
 # --------------------------------------------------------------- unmutated-gpu-pod
 
 
+# What an env entry from valueFrom reads as in ``values``: no wanted value, nor any value
+# a test admits (a literal NUL fails them all too, as the core replaces it).
+_FROM_ELSEWHERE: Final = "'\\x00'"
+# ``names`` and ``values`` of container ``c``'s env entries, one pass each.
+_ENV_BINDINGS: Final = (
+    "[has(c.env) ? c.env : []].exists(env, [env.map(e, e.name)].exists(names, "
+    f"[env.map(e, has(e.valueFrom) ? {_FROM_ELSEWHERE} : (has(e.value) ? e.value : ''))]"
+    ".exists(values, {body})))"
+)
+
+
 def _env_holds(name: str, test: str) -> str:
     """The last env entry of container ``c`` named ``name`` (a CEL string) takes no
-    valueFrom and its value ``v`` passes ``test``; ``names`` is bound to the env's names."""
-    return (
-        f"[names.lastIndexOf({name})].exists(j, j >= 0 && !has(c.env[j].valueFrom) && "
-        f"[has(c.env[j].value) ? c.env[j].value : ''].exists(v, {test}))"
-    )
+    valueFrom and its value ``v`` passes ``test`` (``names`` and ``values`` bound by
+    :data:`_ENV_BINDINGS`)."""
+    return f"[names.lastIndexOf({name})].exists(j, j >= 0 && [values[j]].exists(v, {test}))"
 
 
-def _is(value: str) -> str:
-    return f"v == {value}"
+def _env_is(name: str, value: str) -> str:
+    """:func:`_env_holds` of an equality: two native look-ups, no comprehension."""
+    return f"names.lastIndexOf({name}) >= 0 && values[names.lastIndexOf({name})] == {value}"
 
 
 def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
@@ -1039,9 +1051,9 @@ def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
     if mode == "mps":
         pinned = f"lists.range({g}).map(i, string(i) + '=' + string({m}) + 'M').join(',')"
         return [
-            f"{m} <= 0 || {_env_holds(literal(MPS_LIMIT_VARS[0]), _is(pinned))}",
-            f"{k} < 0 || {_env_holds(literal(MPS_LIMIT_VARS[1]), _is(f'string({k})'))}",
-            _env_holds("'CUDA_MPS_PIPE_DIRECTORY'", _is(literal(policy.mps_pipe_directory))),
+            f"{m} <= 0 || ({_env_is(literal(MPS_LIMIT_VARS[0]), pinned)})",
+            f"{k} < 0 || ({_env_is(literal(MPS_LIMIT_VARS[1]), f'string({k})')})",
+            _env_is("'CUDA_MPS_PIPE_DIRECTORY'", literal(policy.mps_pipe_directory)),
         ]
     tests = []
     if policy.preload == "env":
@@ -1055,11 +1067,11 @@ def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
         tests.append(_env_holds("'LD_PRELOAD'", merged))
     memory = "'CUDA_DEVICE_MEMORY_LIMIT_' + string(i)"
     mib = f"string({m}) + 'm'"
-    tests.append(f"{m} <= 0 || lists.range({g}).all(i, {_env_holds(memory, _is(mib))})")
+    tests.append(f"{m} <= 0 || lists.range({g}).all(i, {_env_is(memory, mib)})")
     sm = "'CUDA_DEVICE_SM_LIMIT_' + string(i)"
     tests.append(
-        f"{k} < 0 || ({_env_holds(literal('CUDA_DEVICE_SM_LIMIT'), _is(f'string({k})'))} && "
-        f"lists.range({g}).all(i, {_env_holds(sm, _is(f'string({k})'))}))"
+        f"{k} < 0 || ({_env_is(literal('CUDA_DEVICE_SM_LIMIT'), f'string({k})')} && "
+        f"lists.range({g}).all(i, {_env_is(sm, f'string({k})')}))"
     )
     utilization = literal(policy.core_utilization_policy)
     tests.append(
@@ -1067,11 +1079,11 @@ def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
             "'GPU_CORE_UTILIZATION_POLICY'", f"v in ['force', 'FORCE'] || v == {utilization}"
         )
     )
-    tests.append(_env_holds("'CUDA_REDIRECT'", "v == ''"))
+    tests.append(_env_is("'CUDA_REDIRECT'", "''"))
     tests.append(_env_holds("'ACTIVE_OOM_KILLER'", "v in ['true', '1']"))
     cache = f"{literal(CACHE_DIR + '/')} + c.name + '.cache'"
-    tests.append(_env_holds("'CUDA_DEVICE_MEMORY_SHARED_CACHE'", _is(cache)))
-    tests.append(_env_holds("'CUDA_TASK_PRIORITY'", _is("string(a['p'])")))
+    tests.append(_env_is("'CUDA_DEVICE_MEMORY_SHARED_CACHE'", cache))
+    tests.append(_env_is("'CUDA_TASK_PRIORITY'", "string(a['p'])"))
     # mutation.stray_env: a vGPU limit variable the wanted set does not own. A memory
     # percentage's per-GPU limits are owned too: the webhook's cluster view turns the
     # percentage into MiB and sets them, with values only the view knows.
@@ -1128,10 +1140,10 @@ def _container_mutated(policy: Policy, mode: Mode) -> str:
         for mount in injection.mounts
     ]
     env = " && ".join(f"({t})" for t in _wanted_env(policy, mode))
+    ask = _ask(policy, "c", only=("g", "m", "k", "p", "pct"))
     return (
-        f"[has(c.env) ? c.env.map(e, e.name) : []].exists(names, [{_ask(policy, 'c')}]"
-        f".exists(a, {env})) && {' && '.join(f'({t})' for t in mounts) or 'true'} && "
-        f"!({_implied(policy)})"
+        _ENV_BINDINGS.format(body=f"[{ask}].exists(a, {env})")
+        + f" && {' && '.join(f'({t})' for t in mounts) or 'true'} && !({_implied(policy)})"
     )
 
 
