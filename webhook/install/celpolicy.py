@@ -888,6 +888,9 @@ def _ask(policy: Policy, c: str, *, init: bool = False, only: Iterable[str] = ()
     }
     if init:
         fields["side"] = f"has({c}.restartPolicy) && {c}.restartPolicy == 'Always' ? 1 : 0"
+        # Its place among the init containers (their names are unique), for the sidecars
+        # declared before it: Kubernetes 1.30's CEL has no lists.range to index by.
+        fields["i"] = f"variables.spec.initContainers.map(x, x.name).indexOf({c}.name)"
     wanted = set(only) or set(fields)
     body = "{" + ", ".join(f"{literal(k)}: {v}" for k, v in fields.items() if k in wanted) + "}"
     return _parts_value(c, body)
@@ -1005,13 +1008,9 @@ def _gpu_quota(policy: Policy) -> str | None:
             f".map(a, {amount}) + [0]).sum()"
         )
         before = (
-            f"(lists.range(i).filter(j, {init}[j]['side'] == 1)"
-            f".map(j, [{init}[j]].map(a, {amount})[0]) + [0]).sum()"
+            f"({init}.filter(b, b['side'] == 1 && b['i'] < x['i']).map(a, {amount}) + [0]).sum()"
         )
-        alone = (
-            f"lists.range(size({init})).exists(i, {init}[i]['side'] == 0 && "
-            f"[{init}[i]].map(a, {amount})[0] + {before} > {limit})"
-        )
+        alone = f"{init}.exists(x, x['side'] == 0 && [x].map(a, {amount})[0] + {before} > {limit})"
         terms.append(f"{total} > {limit} || {alone}")
     if not terms:
         return None
@@ -1044,12 +1043,22 @@ def _env_is(name: str, value: str) -> str:
     return f"names.lastIndexOf({name}) >= 0 && values[names.lastIndexOf({name})] == {value}"
 
 
+def _indices(count: str) -> str:
+    """``lists.range(count)`` for a count of GPUs (1..MAX_COUNT): the lists library that
+    has it is Kubernetes 1.35's, and these policies load on 1.30."""
+    return f"{_list_ints(range(MAX_COUNT))}.filter(i, i < {count})"
+
+
+def _list_ints(values: Iterable[int]) -> str:
+    return "[" + ", ".join(str(v) for v in values) + "]"
+
+
 def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
     """``mutation.wanted_env`` of a sharing container ``c`` in ``mode``, as tests of its
     env; ``a`` is bound to what it asks (:func:`_ask`)."""
     g, m, k = "a['g']", "a['m']", "a['k']"
     if mode == "mps":
-        pinned = f"lists.range({g}).map(i, string(i) + '=' + string({m}) + 'M').join(',')"
+        pinned = f"{_indices(g)}.map(i, string(i) + '=' + string({m}) + 'M').join(',')"
         return [
             f"{m} <= 0 || ({_env_is(literal(MPS_LIMIT_VARS[0]), pinned)})",
             f"{k} < 0 || ({_env_is(literal(MPS_LIMIT_VARS[1]), f'string({k})')})",
@@ -1067,11 +1076,11 @@ def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
         tests.append(_env_holds("'LD_PRELOAD'", merged))
     memory = "'CUDA_DEVICE_MEMORY_LIMIT_' + string(i)"
     mib = f"string({m}) + 'm'"
-    tests.append(f"{m} <= 0 || lists.range({g}).all(i, {_env_is(memory, mib)})")
+    tests.append(f"{m} <= 0 || {_indices(g)}.all(i, {_env_is(memory, mib)})")
     sm = "'CUDA_DEVICE_SM_LIMIT_' + string(i)"
     tests.append(
         f"{k} < 0 || ({_env_is(literal('CUDA_DEVICE_SM_LIMIT'), f'string({k})')} && "
-        f"lists.range({g}).all(i, {_env_is(sm, f'string({k})')}))"
+        f"{_indices(g)}.all(i, {_env_is(sm, f'string({k})')}))"
     )
     utilization = literal(policy.core_utilization_policy)
     tests.append(
