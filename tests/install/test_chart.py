@@ -193,7 +193,9 @@ def test_with_the_view_where_policies_are_served_it_renders_the_view_overlay(
     rendered = by_identity(template(helm, settings=["clusterView.enabled=true"], extra=SERVED))
     assert sorted(rendered) == sorted(expected)
     for key, obj in expected.items():
-        assert rendered[key] == obj, f"{key} differs between the chart and overlays/apiserver-cluster-view"
+        assert rendered[key] == obj, (
+            f"{key} differs between the chart and overlays/apiserver-cluster-view"
+        )
 
 
 def test_with_the_view_the_apiserver_install_registers_what_the_view_decides(helm: str) -> None:
