@@ -568,9 +568,12 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
     spec_of = celpolicy.template("object", "spec")
     containers = celpolicy.container_list(f"({spec_of})")
     gpu = celpolicy.gpu_test(policy, f"({containers})")
+    # The env scan first: most GPU pods name no NVIDIA env, and then the GPU test (the
+    # longer one) is never evaluated.
     nvidia = (
-        f"!({gpu}) && ({containers}).exists(c, has(c.env) && "
-        "c.env.exists(e, e.name == 'CUDA_VERSION' || e.name.startsWith('NVIDIA_')))"
+        f"({containers}).exists(c, has(c.env) && "
+        "c.env.exists(e, e.name == 'CUDA_VERSION' || e.name.startsWith('NVIDIA_'))) && "
+        f"!({gpu})"
     )
     patch = _by_mode(
         {
