@@ -48,13 +48,14 @@ Pure: a policy in, a list of objects out.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from webhook.core.injection import (
     CACHE_DIR,
     LIBRARY_PATH,
     MODE_ANNOTATION,
+    Injection,
     injection_for,
 )
 from webhook.core.mutation import VOID
@@ -351,23 +352,30 @@ def _by_mode(values: Mapping[str, str], otherwise: str) -> str:
     return expression
 
 
-def _containers_apply(kind: str, shape: _Shape, policy: Policy) -> str:
-    """The containers of ``kind``: the sharing ones with their env, mounts and implied
-    count resource, those that ask for no GPU with the void."""
-    container = f"{shape.type}.spec.{kind}"
-    listed = f"(has(variables.spec.{kind}) ? variables.spec.{kind} : [])"
-    mounts = _by_mode(
+def _injected(
+    policy: Policy, type_name: str, items: Callable[[Injection], Iterable[Mapping[str, Any]]]
+) -> str:
+    """The volumes or mounts (``items`` of the injection) of the object's mode, as
+    ApplyConfiguration literals of ``type_name``."""
+    return _by_mode(
         {
             mode: "["
             + ", ".join(
-                _object_literal(f"{container}.volumeMounts", mount)
-                for mount in injection_for(mode, policy).mounts
+                _object_literal(type_name, item) for item in items(injection_for(mode, policy))
             )
             + "]"
             for mode in ("vgpu", "mps")
         },
         "[]",
     )
+
+
+def _containers_apply(kind: str, shape: _Shape, policy: Policy) -> str:
+    """The containers of ``kind``: the sharing ones with their env, mounts and implied
+    count resource, those that ask for no GPU with the void."""
+    container = f"{shape.type}.spec.{kind}"
+    listed = f"(has(variables.spec.{kind}) ? variables.spec.{kind} : [])"
+    mounts = _injected(policy, f"{container}.volumeMounts", lambda i: i.mounts)
     implied = (
         f"?resources: variables.implied[c.name] == '' ? optional.none() : optional.of("
         f"{container}.resources{{limits: {{variables.implied[c.name]: '1'}}, "
@@ -379,11 +387,18 @@ def _containers_apply(kind: str, shape: _Shape, policy: Policy) -> str:
         f"env: variables.wants[c.name].map(w, {container}.env{{name: w['name'], value: w['value']}}), "
         f"volumeMounts: {mounts}, {implied}}})"
     )
-    void = (
+    return f"{kind}: {sharing} + {_voided(kind, shape)}"
+
+
+def _voided(kind: str, shape: _Shape) -> str:
+    """The containers of ``kind`` that ask for no GPU and set no NVIDIA_VISIBLE_DEVICES,
+    each with the void."""
+    container = f"{shape.type}.spec.{kind}"
+    listed = f"(has(variables.spec.{kind}) ? variables.spec.{kind} : [])"
+    return (
         f"{listed}.filter(c, c.name in variables.voided).map(c, {container}{{name: c.name, "
         f"env: [{container}.env{{name: {literal(_VISIBLE)}, value: {literal(VOID)}}}]}})"
     )
-    return f"{kind}: {sharing} + {void}"
 
 
 def _apply(shape: _Shape, policy: Policy) -> str:
@@ -398,18 +413,7 @@ def _apply(shape: _Shape, policy: Policy) -> str:
         f"{celpolicy.wanted_scheduler(policy)}) : optional.none()"
     )
     fields = [scheduler, "?hostIPC: variables.mode == 'mps' ? optional.of(true) : optional.none()"]
-    volumes = _by_mode(
-        {
-            mode: "["
-            + ", ".join(
-                _object_literal(f"{shape.type}.spec.volumes", volume)
-                for volume in injection_for(mode, policy).volumes
-            )
-            + "]"
-            for mode in ("vgpu", "mps")
-        },
-        "[]",
-    )
+    volumes = _injected(policy, f"{shape.type}.spec.volumes", lambda i: i.volumes)
     fields.append(f"volumes: {volumes}")
     fields.extend(_containers_apply(kind, shape, policy) for kind in _KINDS)
     meta = (
@@ -539,15 +543,7 @@ def _by_kind(expressions: Mapping[_Shape, str], otherwise: str) -> str:
 
 
 def _void_apply(shape: _Shape) -> str:
-    fields = []
-    for kind in _KINDS:
-        container = f"{shape.type}.spec.{kind}"
-        listed = f"(has(variables.spec.{kind}) ? variables.spec.{kind} : [])"
-        fields.append(
-            f"{kind}: {listed}.filter(c, c.name in variables.voided).map(c, {container}{{"
-            f"name: c.name, env: [{container}.env{{name: {literal(_VISIBLE)}, "
-            f"value: {literal(VOID)}}}]}})"
-        )
+    fields = [f"{kind}: {_voided(kind, shape)}" for kind in _KINDS]
     return shape.wrap(f"spec: {shape.type}.spec{{{', '.join(fields)}}}")
 
 
