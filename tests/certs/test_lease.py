@@ -204,3 +204,15 @@ def test_arguments_are_checked(api: FakeLeases) -> None:
         LeaseElector(api, namespace="ns", name="lock", identity="a", lease_duration=0.5)
     with pytest.raises(ValueError, match="identity"):
         LeaseElector(api, namespace="ns", name="lock", identity="")
+
+
+def test_the_lease_carries_the_part_of_label(api: FakeLeases, clock: Clock) -> None:
+    """Uninstall finds the leader's objects by this label, whatever their names."""
+    a = candidate(api, clock, "a")
+    a.try_acquire_or_renew()
+    clock.now += 10
+    a.try_acquire_or_renew()  # a renewal replaces the Lease: the label stays
+    assert api.lease is not None
+    assert api.lease["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpushare"
+    a.release()
+    assert api.lease["metadata"]["labels"]["app.kubernetes.io/part-of"] == "gpushare"

@@ -63,6 +63,14 @@ def _micro_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
+# What the leader's objects carry: uninstall finds them by the part-of label whatever
+# their names (a Lease named after a Secret other than the default one included).
+LABELS: Final = {
+    "app.kubernetes.io/name": "gpushare-webhook",
+    "app.kubernetes.io/part-of": "gpushare",
+}
+
+
 class LeaseElector:
     """One candidate for the Lease ``namespace/name``."""
 
@@ -140,7 +148,7 @@ class LeaseElector:
         body: dict[str, Any] = {
             "apiVersion": "coordination.k8s.io/v1",
             "kind": "Lease",
-            "metadata": {"name": self.name, "namespace": self.namespace},
+            "metadata": {"name": self.name, "namespace": self.namespace, "labels": dict(LABELS)},
             "spec": {
                 "holderIdentity": self.identity,
                 "leaseDurationSeconds": self._duration_seconds,
@@ -205,6 +213,7 @@ class LeaseElector:
             "metadata": {
                 "name": self.name,
                 "namespace": self.namespace,
+                "labels": dict(LABELS),
                 "resourceVersion": lease["metadata"]["resourceVersion"],
             },
             # What client-go writes on release: no holder, a one-second lease.

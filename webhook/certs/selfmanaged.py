@@ -39,6 +39,7 @@ from urllib3.exceptions import HTTPError
 from webhook.certs.files import write_files
 from webhook.certs.issue import service_dns_names
 from webhook.certs.lease import (
+    LABELS,
     LEASE_DURATION,
     RENEW_INTERVAL,
     LeaseElector,
@@ -60,10 +61,6 @@ log = logging.getLogger(__name__)
 CHECK_INTERVAL: Final = 60.0
 READY_TIMEOUT: Final = 120.0
 _NOT_FOUND: Final = 404
-_LABELS: Final = {
-    "app.kubernetes.io/name": "gpushare-webhook",
-    "app.kubernetes.io/part-of": "gpushare",
-}
 
 
 _ConfigurationApi = tuple[str, Callable[..., Any], Callable[..., Any]]
@@ -362,7 +359,7 @@ class SelfManagedCertificates:
             "metadata": {
                 "name": self.secret,
                 "namespace": self.namespace,
-                "labels": metadata.get("labels") or dict(_LABELS),
+                "labels": metadata.get("labels") or dict(LABELS),
                 "annotations": metadata.get("annotations") or {},
             },
             "type": last.get("type") or "kubernetes.io/tls",
@@ -444,7 +441,7 @@ class SelfManagedCertificates:
                 "metadata": {
                     "name": self.secret,
                     "namespace": self.namespace,
-                    "labels": dict(_LABELS),
+                    "labels": dict(LABELS),
                     "annotations": decision.annotations,
                 },
                 # kubernetes.io/tls: tls.crt and tls.key, mountable like any TLS Secret.
