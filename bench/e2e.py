@@ -88,36 +88,19 @@ SETTINGS: dict[str, tuple[bool, bool, bool, bool]] = {
     # The 1.36+ install: the mutation and the rules inside the apiserver, no webhook.
     "map+cel": (False, False, True, True),
 }
-_MAP_API = "/apis/admissionregistration.k8s.io/v1"
-_MAP_PLURALS = {
-    "MutatingAdmissionPolicyBinding": "mutatingadmissionpolicybindings",
-    "MutatingAdmissionPolicy": "mutatingadmissionpolicies",
-}
 
 
-def _call(cluster: DevCluster, method: str, path: str, body: Any = None) -> Any:
-    import urllib3
-
-    http = urllib3.PoolManager(ca_certs=str(cluster.ca_file), cert_reqs="CERT_REQUIRED")
-    headers = {"Authorization": f"Bearer {cluster.token}", "Content-Type": "application/json"}
-    answer = http.request(method, f"{cluster.server}{path}", json=body, headers=headers)
-    if answer.status >= 300:
-        raise RuntimeError(f"{method} {path}: {answer.status} {answer.data[:300]!r}")
-    return read_json(answer)
-
-
-def _set_mutating_policies(cluster: DevCluster, wanted: bool) -> None:
-    """Delete every MutatingAdmissionPolicy (bindings first), then create the default
-    policy's when ``wanted``."""
-    for plural in _MAP_PLURALS.values():
-        for item in _call(cluster, "GET", f"{_MAP_API}/{plural}")["items"]:
-            _call(cluster, "DELETE", f"{_MAP_API}/{plural}/{item['metadata']['name']}")
+def _set_mutating_policies(cluster: DevCluster, api: Any, wanted: bool) -> None:
+    """Delete every MutatingAdmissionPolicy (bindings first), then create those of the
+    policy file the dev cluster serves (the default one) when ``wanted``."""
+    for list_, delete in (
+        (api.list_mutating_admission_policy_binding, api.delete_mutating_admission_policy_binding),
+        (api.list_mutating_admission_policy, api.delete_mutating_admission_policy),
+    ):
+        for item in read_json(list_(_preload_content=False))["items"]:
+            delete(item["metadata"]["name"])
     if wanted:
-        from webhook.install.mutatingpolicy import mutating_policies
-        from webhook.policies import DEFAULT_POLICY
-
-        for obj in sorted(mutating_policies(DEFAULT_POLICY), key=lambda o: "Binding" in o["kind"]):
-            _call(cluster, "POST", f"{_MAP_API}/{_MAP_PLURALS[obj['kind']]}", obj)
+        cluster.register_mutating_policies()
 
 
 def _at(revision: str, path: str) -> list[dict[str, Any]]:
@@ -155,7 +138,7 @@ def _apply(cluster: DevCluster, setting: str, baselines: dict[str, Any]) -> None
     name, _, revision = setting.partition("@")
     mutating, validating, cel, in_apiserver = SETTINGS[name]
     api: Any = client.AdmissionregistrationV1Api(cluster.api_client())
-    _set_mutating_policies(cluster, in_apiserver)
+    _set_mutating_policies(cluster, api, in_apiserver)
     cluster.unregister_webhooks()
     if mutating:
         cluster.register_webhooks()

@@ -35,7 +35,6 @@ from webhook.core.injection import MODE_ANNOTATION
 from webhook.core.policy import Policy
 from webhook.dev.cluster import DevCluster, running
 from webhook.install.celpolicy import RULES as CEL_RULES
-from webhook.install.mutatingpolicy import BINDING_KIND, POLICY_KIND, mutating_policies
 from webhook.policies import parse_policy
 
 pytestmark = pytest.mark.e2e
@@ -66,17 +65,6 @@ class MapCluster(NamedTuple):
 
 # Each example is two or three dry-run creates (~10 ms each).
 EXAMPLES: Final = 400
-_PLURAL: Final = {
-    POLICY_KIND: "mutatingadmissionpolicies",
-    BINDING_KIND: "mutatingadmissionpolicybindings",
-}
-
-
-def create_policies(api: Api, objects: list[Obj]) -> None:
-    for obj in objects:
-        url = f"{api.server}/apis/admissionregistration.k8s.io/v1/{_PLURAL[obj['kind']]}"
-        response = api.http.request("POST", url, json=obj, headers=api.headers)
-        assert response.status == 201, response.data[-2000:]
 
 
 @pytest.fixture(scope="module", params=POLICY_FILES)
@@ -93,8 +81,8 @@ def map_cluster(
     with running(bin_dir=bin_dir, policy=workdir / "policy.yaml", workdir=workdir) as cluster:
         cluster.unregister_webhooks()
         cluster.register_cel_policies()
+        cluster.register_mutating_policies()
         api = Api(cluster)
-        create_policies(api, mutating_policies(policy))
         for namespace in (MUTATED, UNTOUCHED, CHAINED):
             cluster.create_namespace(namespace)
         # The policies load asynchronously: wait until one mutates.
@@ -402,8 +390,6 @@ def test_the_policies_mutate_as_the_core_does(map_cluster: MapCluster) -> None:
 
     send()
     print(f"mutating policies vs core: {sorted(compared.items())}, {len(mismatches)} differ")
-    for namespace, what, _ in mismatches:
-        print("DIFF", namespace, what[:300])
     assert not mismatches, f"{len(mismatches)} differ; first: {mismatches[0]}"
     for mode in ("vgpu", "mps", "mig", "none"):
         assert compared[mode] >= 10, compared

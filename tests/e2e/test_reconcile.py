@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -356,16 +356,32 @@ def test_an_install_without_cel_policies_gets_none(admission: Any, as_keeper: An
     assert cel_objects(admission) == {POLICY_KIND: {}, BINDING_KIND: {}}
 
 
-def test_serve_follows_an_edited_policy_file(
-    cluster: DevCluster, admission: Any, tmp_path: Path
-) -> None:
-    """The real command: the policy file changes (as a ConfigMap update does), the leader
-    re-renders the configurations' matchConditions without a restart."""
+class _Leader:
+    """``serve --self-managed`` leading the Lease, and its policy file to edit."""
+
+    def __init__(self, served: serving.Served, policy: Path) -> None:
+        self.served = served
+        self.policy = policy
+        self.deadline = time.monotonic() + WAIT
+
+    def wait(self, done: Callable[[], bool]) -> None:
+        while not done():
+            assert self.served.process.poll() is None, self.served.output()
+            assert time.monotonic() < self.deadline, self.served.output()
+            time.sleep(0.05)
+
+    def edit_policy(self, text: str) -> None:
+        # A ConfigMap volume swaps a symlink; a rename is the same for the poll.
+        edited = self.policy.with_name(self.policy.name + ".new")
+        edited.write_text(text)
+        edited.replace(self.policy)
+
+
+@contextlib.contextmanager
+def leading(cluster: DevCluster, tmp_path: Path) -> Iterator[_Leader]:
+    """The real command on the default policy file, once it leads the Lease."""
     policy = tmp_path / "policy.yaml"
     policy.write_text(DEFAULT_FILE.read_text())
-    default = [dict(c) for c in match_conditions(DEFAULT_POLICY)]
-    wanted = [dict(c) for c in match_conditions(changed_policy())]
-    deadline = time.monotonic() + WAIT
     with serving.self_managed(
         cluster,
         tmp_path,
@@ -375,20 +391,23 @@ def test_serve_follows_an_edited_policy_file(
         pod_name="e2e-scope-pod",
         args=(f"--policy={policy}",),
     ) as served:
-        while "leads Lease" not in served.output():
-            assert served.process.poll() is None, served.output()
-            assert time.monotonic() < deadline, served.output()
-            time.sleep(0.05)
+        leader = _Leader(served, policy)
+        leader.wait(lambda: "leads Lease" in served.output())
+        yield leader
+
+
+def test_serve_follows_an_edited_policy_file(
+    cluster: DevCluster, admission: Any, tmp_path: Path
+) -> None:
+    """The real command: the policy file changes (as a ConfigMap update does), the leader
+    re-renders the configurations' matchConditions without a restart."""
+    default = [dict(c) for c in match_conditions(DEFAULT_POLICY)]
+    wanted = [dict(c) for c in match_conditions(changed_policy())]
+    with leading(cluster, tmp_path) as leader:
         assert conditions_of(admission) == [default, default]
-        # A ConfigMap volume swaps a symlink; a rename is the same for the poll.
-        edited = tmp_path / "policy.yaml.new"
-        edited.write_text(CHANGED)
-        edited.replace(policy)
-        while conditions_of(admission) != [wanted, wanted]:
-            assert served.process.poll() is None, served.output()
-            assert time.monotonic() < deadline, served.output()
-            time.sleep(0.05)
-    assert "matchConditions of 1 webhooks rewritten" in served.output()
+        leader.edit_policy(CHANGED)
+        leader.wait(lambda: conditions_of(admission) == [wanted, wanted])
+    assert "matchConditions of 1 webhooks rewritten" in leader.served.output()
 
 
 def test_serve_keeps_the_1_36_installs_mutating_policies(
@@ -396,8 +415,6 @@ def test_serve_keeps_the_1_36_installs_mutating_policies(
 ) -> None:
     """The real command on the 1.36+ install: an edited policy file reaches the
     MutatingAdmissionPolicies, and the webhooks keep the view's scope."""
-    policy = tmp_path / "policy.yaml"
-    policy.write_text(DEFAULT_FILE.read_text())
     wanted = [dict(c) for c in view_conditions(changed_policy())]
     try:
         for obj in mutatingpolicy.mutating_policies(DEFAULT_POLICY, namespace=NAMESPACE):
@@ -405,36 +422,20 @@ def test_serve_keeps_the_1_36_installs_mutating_policies(
                 admission.create_mutating_admission_policy(obj)
             else:
                 admission.create_mutating_admission_policy_binding(obj)
-        deadline = time.monotonic() + WAIT
-        with serving.self_managed(
-            cluster,
-            tmp_path,
-            namespace=NAMESPACE,
-            secret="e2e-scope-tls",
-            webhook_config=CONFIG,
-            pod_name="e2e-scope-pod",
-            args=(f"--policy={policy}",),
-        ) as served:
-            while "leads Lease" not in served.output():
-                assert served.process.poll() is None, served.output()
-                assert time.monotonic() < deadline, served.output()
-                time.sleep(0.05)
-            edited = tmp_path / "policy.yaml.new"
-            edited.write_text(CHANGED)
-            edited.replace(policy)
+        with leading(cluster, tmp_path) as leader:
+            leader.edit_policy(CHANGED)
 
-            def mutate() -> dict[str, Any]:
+            def followed() -> bool:
                 policies = mutating_objects(admission)[mutatingpolicy.POLICY_KIND]
-                return policies[mutatingpolicy.MUTATE]
+                mutate = policies[mutatingpolicy.MUTATE]
+                return "example.com/gpu" in str(mutate["spec"]) and conditions_of(admission) == [
+                    wanted,
+                    wanted,
+                ]
 
-            while "example.com/gpu" not in str(mutate()["spec"]) or conditions_of(admission) != [
-                wanted,
-                wanted,
-            ]:
-                assert served.process.poll() is None, served.output()
-                assert time.monotonic() < deadline, served.output()
-                time.sleep(0.05)
-        assert f"{mutatingpolicy.POLICY_KIND} {mutatingpolicy.MUTATE} updated" in served.output()
+            leader.wait(followed)
+        output = leader.served.output()
+        assert f"{mutatingpolicy.POLICY_KIND} {mutatingpolicy.MUTATE} updated" in output
     finally:
         objects = mutating_objects(admission)
         for name in objects[mutatingpolicy.BINDING_KIND]:

@@ -290,12 +290,12 @@ _POD_CONTAINERS: Final = (
 def _pointer() -> str:
     """The JSON Pointer of the object's pod spec, by kind."""
     expression = "'/spec'"
-    by_path: dict[tuple[str, ...], list[str]] = {}
-    for kind, path in TEMPLATE_PATHS.items():
-        by_path.setdefault(tuple(path), []).append(kind)
-    for path, kinds in by_path.items():
-        pointer = "/" + "/".join((*path, "spec"))
-        expression = f"request.kind.kind in {_list(kinds)} ? {literal(pointer)} : ({expression})"
+    for shape in _shapes():
+        if shape.path:
+            pointer = "/" + "/".join((*shape.path, "spec"))
+            expression = (
+                f"request.kind.kind in {_list(shape.kinds)} ? {literal(pointer)} : ({expression})"
+            )
     return expression
 
 
