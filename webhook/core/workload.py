@@ -18,6 +18,12 @@ TEMPLATE_PATHS: Final[Mapping[str, tuple[str, ...]]] = {
     "CronJob": ("spec", "jobTemplate", "spec", "template"),
 }
 
+# The same, grouped: the kinds that keep their pod template at each path, in the order
+# TEMPLATE_PATHS first names them (renderers write one branch per path, not per kind).
+KINDS_BY_PATH: Final[Mapping[tuple[str, ...], tuple[str, ...]]] = {
+    path: tuple(kind for kind, at in TEMPLATE_PATHS.items() if at == path)
+    for path in dict.fromkeys(TEMPLATE_PATHS.values())
+}
 
 _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 # For isinstance checks of admitted values: one tuple, not one built per check.

@@ -143,7 +143,7 @@ from webhook.core.rules import (
     SYS_ADMIN,
     normalised,
 )
-from webhook.core.workload import TEMPLATE_PATHS
+from webhook.core.workload import KINDS_BY_PATH
 from webhook.install.scope import literal
 from webhook.install.scope import match_conditions as scope_conditions
 
@@ -308,10 +308,7 @@ def _get(root: str, path: Iterable[str]) -> str:
 def template(root: str, leaf: str) -> str:
     """``leaf`` (spec or metadata) of the pod or pod template in ``root`` by kind."""
     expression = "{}"
-    by_path: dict[tuple[str, ...], list[str]] = {}
-    for kind, path in TEMPLATE_PATHS.items():
-        by_path.setdefault(tuple(path), []).append(kind)
-    for path, kinds in sorted(by_path.items(), key=lambda item: -len(item[0])):
+    for path, kinds in sorted(KINDS_BY_PATH.items(), key=lambda item: -len(item[0])):
         expression = (
             f"request.kind.kind in {_list(kinds)} ? {_get(root, (*path, leaf))} : {expression}"
         )

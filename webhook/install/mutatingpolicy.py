@@ -61,7 +61,7 @@ from webhook.core.injection import (
 from webhook.core.mutation import VOID
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
 from webhook.core.resources import MAX_COUNT, MAX_GIB, MAX_MIB
-from webhook.core.workload import TEMPLATE_PATHS
+from webhook.core.workload import KINDS_BY_PATH
 from webhook.install import celpolicy
 from webhook.install.scope import literal
 
@@ -111,10 +111,7 @@ class _Shape:
 
 
 def _shapes() -> list[_Shape]:
-    by_path: dict[tuple[str, ...], list[str]] = {(): ["Pod"]}
-    for kind, path in TEMPLATE_PATHS.items():
-        by_path.setdefault(tuple(path), []).append(kind)
-    return [_Shape(kinds, path) for path, kinds in by_path.items()]
+    return [_Shape(["Pod"], ()), *(_Shape(kinds, path) for path, kinds in KINDS_BY_PATH.items())]
 
 
 # ------------------------------------------------------------- one container's CEL

@@ -59,7 +59,7 @@ from webhook.core.injection import (
 )
 from webhook.core.policy import DEVICE_CLASS_RESOURCE, Policy
 from webhook.core.resources import CONTAINER_KINDS
-from webhook.core.workload import TEMPLATE_PATHS
+from webhook.core.workload import KINDS_BY_PATH
 
 CONDITION_NAME: Final = "gpushare.io/gpu-relevant"
 
@@ -216,11 +216,8 @@ def _template_test(policy: Policy, node: str) -> str:
 def _per_kind(pod: str, template: Callable[[str], str]) -> str:
     """One expression: for a Pod ``pod``, for each workload kind ``template`` of the path
     to its pod template (guarded: absent, nothing to act on), for any other kind true."""
-    by_path: dict[tuple[str, ...], list[str]] = {}
-    for kind, path in TEMPLATE_PATHS.items():
-        by_path.setdefault(tuple(path), []).append(kind)
     implications = [f"request.kind.kind != 'Pod'{_LINES}{pod}"]
-    for path, kinds in sorted(by_path.items(), key=lambda item: len(item[0])):
+    for path, kinds in sorted(KINDS_BY_PATH.items(), key=lambda item: len(item[0])):
         guards = []
         node = "object"
         for part in path:
