@@ -323,9 +323,29 @@ def should_block(pod: Mapping[str, Any]) -> list[str]:
     # Volcano's scheduler, HAMi's for the rest; a pod mixing vendors gets HAMi's.
     accounting = {_ACCOUNTING.get(n.split("/", 1)[0], "hami-scheduler") for n in sharing}
     wanted = accounting.pop() if len(accounting) == 1 else "hami-scheduler"
-    if sharing and scheduler not in (None, "", "default-scheduler", wanted):
+    # Whole GPUs alone, no mode asked for: another scheduler keeps them, off the nodes
+    # HAMi labels gpu=on (policy wholeGpus), which the pod may not select itself.
+    named = (
+        any(str(annotations.get(k, "")).strip().lower() in _MODE_WORDS for k in _MODE_ANNOTATIONS)
+        or str(_selector_of(spec).get("ack.node.gpu.schedule")) == "mps"
+    )
+    whole = gpu_names == {"nvidia.com/gpu"} and not named
+    if (
+        sharing
+        and scheduler not in (None, "", "default-scheduler", wanted)
+        and (not whole or _selector_of(spec).get("gpu") == "on")
+    ):
         reasons.append("scheduler-bypass")
     return reasons
+
+
+_MODE_ANNOTATIONS: Final = ("gpushare.io/mode", "nvidia.com/vgpu-mode", "volcano.sh/vgpu-mode")
+_MODE_WORDS: Final = frozenset({"vgpu", "hami-core", "mps", "mig", "none"})
+
+
+def _selector_of(spec: Mapping[str, Any]) -> Mapping[str, Any]:
+    selector = spec.get("nodeSelector")
+    return selector if isinstance(selector, Mapping) else {}
 
 
 # The threat model's families (docs/threat-model.md), from the sources of what reads them.

@@ -23,6 +23,7 @@ from webhook.core.policy import RULE_IDS, Action, Mode, Policy, match_any
 from webhook.core.pool import pool_of
 from webhook.core.resources import read_pod
 from webhook.core.rules import Phase, Subject, evaluate
+from webhook.core.whole import keeps_scheduler
 from webhook.core.wire import PatchOp
 from webhook.core.workload import PodView, as_mapping, find_pod
 
@@ -118,6 +119,11 @@ def _examine(
         requests=requests,
         policy=policy,
     )
+    whole = keeps_scheduler(view.spec, requests, choice, policy)
+    if whole:
+        # Whole GPUs under a scheduler of the pod's own: no slice to inject, and no mode
+        # it uses (its namespace's or the policy's default mode is not asked for).
+        choice = ModeChoice(mode="none", source="whole GPUs under the pod's own scheduler")
     if cluster is not None and requests.sharing and choice.mode in ("vgpu", "mps"):
         selector = candidate_selector(view.spec, choice.mode, policy)
         resolve_percentages(requests, pool_of(cluster, selector), where=where(selector))
@@ -132,6 +138,7 @@ def _examine(
         groups=request.groups,
         previous=previous,
         namespace=namespace,
+        whole=whole,
     )
     findings = evaluate(subject, policy)
     if subject.created:
@@ -232,7 +239,9 @@ def decide(
             )
         )
     elif mutable and phase == "validate":
-        missing = first_missing(view, subject.requests, choice.mode, policy, subject.injection)
+        missing = first_missing(
+            view, subject.requests, choice.mode, policy, subject.injection, whole=subject.whole
+        )
         if missing is not None:
             findings.append(
                 Finding(
@@ -248,7 +257,9 @@ def decide(
     ):
         # A pod that shares no GPU may still need the void for its containers: mutated,
         # but never refused as unmutated (a legacy image is raw-visible-devices').
-        mutation = mutate(view, subject.requests, choice.mode, policy, subject.injection)
+        mutation = mutate(
+            view, subject.requests, choice.mode, policy, subject.injection, whole=subject.whole
+        )
         decision.patch = [*translated, *mutation.ops] if translated else mutation.ops
         capped = [Finding("limit-tampering", text) for text in mutation.overwritten]
     _apply_actions(decision, findings, capped, policy)

@@ -25,6 +25,9 @@ class ModeChoice:
     mode: Mode
     source: str
     findings: list[Finding] = field(default_factory=list)
+    # Named by a mode annotation or a nodeSelector the policy maps: the pod asks for
+    # that mode, not only for GPUs.
+    named: bool = False
 
 
 def _annotated_mode(
@@ -147,6 +150,7 @@ def choose_mode(
     ]
     if chosen is None and selected:
         chosen = selected[0].mode, f"nodeSelector {selected[0].key}={selected[0].value}"
+    named = chosen is not None
     if chosen is None and requests.mig:
         chosen = "mig", "MIG resources"
     if chosen is None:
@@ -166,4 +170,4 @@ def choose_mode(
         policy=policy,
         findings=findings,
     )
-    return ModeChoice(mode=mode, source=source, findings=findings)
+    return ModeChoice(mode=mode, source=source, findings=findings, named=named)

@@ -29,6 +29,7 @@ from webhook.core.injection import (
 )
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
 from webhook.core.resources import ContainerRequest, PodRequests, asks_for_gpu
+from webhook.core.whole import REQUIRED, away_from_pool
 from webhook.core.wire import PatchOp
 from webhook.core.workload import MAPPINGS, PodView, as_mapping
 
@@ -421,6 +422,45 @@ def _void_ops(out: Patch, view: PodView, requests: PodRequests, policy: Policy) 
 _VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
 
 
+def _pool_ops(out: Patch, view: PodView, policy: Policy) -> None:
+    """A required node affinity away from the sharing pool (``whole.away_from_pool``) in
+    every nodeSelectorTerm: terms are ORed, a term's requirements ANDed."""
+    wanted = away_from_pool(policy)
+    if not wanted:
+        return
+    spec, sp = view.spec, view.spec_pointer
+    terms: list[dict[str, Any]] = [{"matchExpressions": wanted}]
+    affinity = spec.get("affinity")
+    node = as_mapping(affinity).get("nodeAffinity")
+    required = as_mapping(node).get(REQUIRED)
+    # JSON Patch's add replaces a member that is there (null included).
+    if not isinstance(affinity, MAPPINGS):
+        value: Any = {"nodeAffinity": {REQUIRED: {"nodeSelectorTerms": terms}}}
+        out.add({"op": "add", "path": f"{sp}/affinity", "value": value})
+        return
+    if not isinstance(node, MAPPINGS):
+        value = {REQUIRED: {"nodeSelectorTerms": terms}}
+        out.add({"op": "add", "path": f"{sp}/affinity/nodeAffinity", "value": value})
+        return
+    pointer = f"{sp}/affinity/nodeAffinity/{REQUIRED}"
+    if not isinstance(required, MAPPINGS):
+        out.add({"op": "add", "path": pointer, "value": {"nodeSelectorTerms": terms}})
+        return
+    current = required.get("nodeSelectorTerms")
+    if not isinstance(current, list) or not current:
+        out.add({"op": "add", "path": f"{pointer}/nodeSelectorTerms", "value": terms})
+        return
+    for index, term in enumerate(current):
+        expressions = as_mapping(term).get("matchExpressions")
+        at = f"{pointer}/nodeSelectorTerms/{index}/matchExpressions"
+        if not isinstance(expressions, list):
+            out.add({"op": "add", "path": at, "value": wanted})
+            continue
+        for expression in wanted:
+            if expression not in expressions:
+                out.add({"op": "add", "path": f"{at}/-", "value": expression})
+
+
 def _edits(
     out: Patch,
     view: PodView,
@@ -428,10 +468,13 @@ def _edits(
     mode: Mode,
     policy: Policy,
     injection: Injection,
+    whole: bool,
 ) -> None:
     """Every op a pod (or template) in ``mode`` still needs, in an order that applies."""
     if mode in ("vgpu", "mps"):
         _mode_edits(out, view, requests, mode, policy, injection)
+    elif whole:
+        _pool_ops(out, view, policy)
     if needs_void(view.spec, requests):
         _void_ops(out, view, requests, policy)
 
@@ -466,21 +509,35 @@ def _mode_edits(
 
 
 def mutate(
-    view: PodView, requests: PodRequests, mode: Mode, policy: Policy, injection: Injection
+    view: PodView,
+    requests: PodRequests,
+    mode: Mode,
+    policy: Policy,
+    injection: Injection,
+    *,
+    whole: bool = False,
 ) -> Patch:
-    """The patch for a pod (or template) in ``mode``; empty when it already has it all."""
+    """The patch for a pod (or template) in ``mode``; empty when it already has it all.
+    ``whole``: it asks only for whole GPUs under a scheduler of its own
+    (:func:`webhook.core.whole.keeps_scheduler`), and is kept off the sharing pool."""
     out = Patch()
-    _edits(out, view, requests, mode, policy, injection)
+    _edits(out, view, requests, mode, policy, injection, whole)
     return out
 
 
 def first_missing(
-    view: PodView, requests: PodRequests, mode: Mode, policy: Policy, injection: Injection
+    view: PodView,
+    requests: PodRequests,
+    mode: Mode,
+    policy: Policy,
+    injection: Injection,
+    *,
+    whole: bool = False,
 ) -> PatchOp | None:
     """The first op the mutation would still make, or None when the pod has it all."""
     out = Patch(first_only=True)
     try:
-        _edits(out, view, requests, mode, policy, injection)
+        _edits(out, view, requests, mode, policy, injection, whole)
     except _Enough:
         return out.ops[0]
     return None

@@ -157,6 +157,25 @@ SCHEMA: Final[dict[str, Any]] = {
                         "hideDevicesFromOtherContainers": {"type": "boolean"},
                     },
                 },
+                "wholeGpus": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "resources": _STRINGS,
+                        "sharingPool": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["key", "value"],
+                                "properties": {
+                                    "key": {"type": "string", "minLength": 1},
+                                    "value": {"type": "string"},
+                                },
+                            },
+                        },
+                    },
+                },
                 "mps": {
                     "type": "object",
                     "additionalProperties": False,
@@ -367,6 +386,11 @@ class Policy:
     allow_disable_core_utilization_policy: bool
     mps_pipe_directory: str
     mps_node_selector: Mapping[str, str]
+    # Count resources that ask for whole GPUs (wholeGpus.resources), and the node labels
+    # (key, value) that mark the nodes sharing GPUs: a pod asking only for whole GPUs
+    # that names a scheduler of its own keeps it, away from those nodes.
+    whole_gpu_resources: frozenset[str]
+    sharing_pool: tuple[tuple[str, str], ...]
     actions: Mapping[str, Action]
     # Every reserved annotation glob (each ledger's), and the ledgers that reserve them.
     reserved_annotations: tuple[str, ...]
@@ -717,6 +741,8 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         allow_disable_core_utilization_policy=vgpu["allowDisableCoreUtilizationPolicy"],
         mps_pipe_directory=spec["mps"]["pipeDirectory"],
         mps_node_selector=dict(spec["mps"]["nodeSelector"]),
+        whole_gpu_resources=frozenset(spec["wholeGpus"]["resources"]) & frozenset(res["count"]),
+        sharing_pool=tuple((p["key"], p["value"]) for p in spec["wholeGpus"]["sharingPool"]),
         actions={rule: spec["rules"].get(rule, "deny") for rule in RULE_IDS},
         reserved_annotations=tuple(
             dict.fromkeys(

@@ -27,6 +27,7 @@ from webhook.core.resources import (
     asks_for_gpu,
     describe,
 )
+from webhook.core.whole import pool_selection
 from webhook.core.workload import MAPPINGS, PodView, as_mapping
 
 Phase = Literal["mutate", "validate"]
@@ -133,6 +134,8 @@ class Subject:
     # On an UPDATE of a pod: the annotations before it.
     previous: Mapping[str, Any] | None = None
     namespace: str = ""
+    # Asks only for whole GPUs under a scheduler of its own (webhook.core.whole).
+    whole: bool = False
     # A new pod, or a template (whose pods will all be created). Set once: most rules ask.
     created: bool = field(init=False)
 
@@ -660,6 +663,17 @@ def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:
 
 
 def scheduler_bypass(subject: Subject, policy: Policy) -> Iterator[Finding]:
+    if subject.whole and subject.created:
+        selected = pool_selection(subject.view.spec, policy)
+        if selected is not None:
+            scheduler = subject.view.spec.get("schedulerName")
+            yield Finding(
+                "scheduler-bypass",
+                f"schedulerName {quoted(scheduler)} may keep whole GPUs only off the nodes "
+                f"that share them, but {selected} selects those nodes; remove it, or remove "
+                f"schedulerName ({policy.scheduler_name} accounts for GPUs there)",
+            )
+        return
     if subject.mode not in ("vgpu", "mps") or not subject.requests.sharing or not subject.created:
         return
     scheduler = subject.view.spec.get("schedulerName")
