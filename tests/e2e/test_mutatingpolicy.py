@@ -230,7 +230,47 @@ _STACKS: Final[Mapping[str, Mapping[str, tuple[int, ...]]]] = {
         "volcano.sh/vgpu-cores": (25,),
     },
     "mig": {"nvidia.com/mig-1g.5gb": (1, 2)},
+    # Whole GPUs, which another scheduler keeps off the sharing pool (webhook.core.whole).
+    "whole": {"nvidia.com/gpu": (1, 2, 8)},
 }
+_REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
+_AFFINITIES: Final[tuple[Obj | None, ...]] = (
+    None,
+    {"podAntiAffinity": {}},
+    {
+        "nodeAffinity": {
+            _REQUIRED: {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a", "b"]}]},
+                    {
+                        "matchFields": [
+                            {"key": "metadata.name", "operator": "NotIn", "values": ["n1"]}
+                        ]
+                    },
+                ]
+            }
+        }
+    },
+    # Already kept off the pool (a re-applied manifest), and one that selects it.
+    {
+        "nodeAffinity": {
+            _REQUIRED: {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "NotIn", "values": ["on"]}]},
+                ]
+            }
+        }
+    },
+    {
+        "nodeAffinity": {
+            _REQUIRED: {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "In", "values": ["on"]}]},
+                ]
+            }
+        }
+    },
+)
 
 
 @st.composite
@@ -272,7 +312,8 @@ def sharing_objects(draw: st.DrawFn) -> tuple[str, Obj]:
     """(kind, object) a careful user writes for each sharing stack, with what the
     mutation must merge with: preset env, sidecars, init containers, a node selector,
     a scheduler, the volumes it injects already there."""
-    stack = draw(st.sampled_from(sorted(_STACKS)))
+    # MIG twice: strict.yaml refuses many of its pods, and each mode is to be reached.
+    stack = draw(st.sampled_from([*sorted(_STACKS), "mig"]))
     spec: Obj = {"containers": [], "volumes": [{"name": "data", "emptyDir": {}}]}
     for i in range(draw(st.integers(1, 3))):
         gpu = i == 0 or draw(st.booleans())
@@ -288,7 +329,7 @@ def sharing_objects(draw: st.DrawFn) -> tuple[str, Obj]:
         if draw(st.booleans()):
             init["restartPolicy"] = "Always"
         spec.setdefault("initContainers", []).append(init)
-    mode = "none" if stack == "mig" else "vgpu" if stack == "hami-percentage" else None
+    mode = "none" if stack in ("mig", "whole") else "vgpu" if stack == "hami-percentage" else None
     mode = mode or draw(st.sampled_from(["vgpu", "mps"]))
     selectors: list[Obj | None] = [None, {"zone": "a"}]
     if mode == "mps":
@@ -300,6 +341,11 @@ def sharing_objects(draw: st.DrawFn) -> tuple[str, Obj]:
     schedulers = [None, "", "default-scheduler"]
     if stack.startswith("hami"):
         schedulers.append("hami-scheduler")
+    if stack == "whole":
+        schedulers = ["kai-scheduler", "volcano", "kai-scheduler", None]
+        affinity = draw(st.sampled_from(_AFFINITIES))
+        if affinity is not None:
+            spec["affinity"] = copy.deepcopy(affinity)
     scheduler = draw(st.sampled_from(schedulers))
     if scheduler is not None:
         spec["schedulerName"] = scheduler
@@ -365,6 +411,8 @@ def test_the_policies_mutate_as_the_core_does(map_cluster: MapCluster) -> None:
             return
         compared[core.mode] += 1
         compared[namespace if namespace == CHAINED else kind] += 1
+        if touched(kind, core.mutated)["spec"].get("schedulerName") in ("kai-scheduler", "volcano"):
+            compared["kept its scheduler"] += 1
         if touched(kind, got.body) != touched(kind, core.mutated):
             diff = difference(touched(kind, got.body), touched(kind, core.mutated))
             mismatches.append((namespace, diff, sent))
@@ -394,6 +442,7 @@ def test_the_policies_mutate_as_the_core_does(map_cluster: MapCluster) -> None:
     for mode in ("vgpu", "mps", "mig", "none"):
         assert compared[mode] >= 10, compared
     assert compared["Pod"] >= 20 and compared[CHAINED] >= 20, compared
+    assert compared["kept its scheduler"] >= 10, compared
     assert compared["refused"] >= 50, compared
     assert sum(compared[k] for k in COLLECTIONS if k != "Pod") >= 20, compared
 

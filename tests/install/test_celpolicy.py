@@ -242,13 +242,13 @@ def test_the_scheduler_rule_asks_the_mode_only_after_the_resources() -> None:
     expression = celpolicy.rule_expressions(MODE_SCHEDULERS)["scheduler-bypass"]
     wanted = expression[expression.index("variables.spec.schedulerName == (") :]
     resource = wanted.index('? "hami-scheduler"')
-    mps = wanted.index('variables.mode == "mps" ? "default-scheduler"')
-    vgpu = wanted.index('variables.mode == "vgpu" ? "my-scheduler"')
+    mps = wanted.index('variables.chosenMode == "mps" ? "default-scheduler"')
+    vgpu = wanted.index('variables.chosenMode == "vgpu" ? "my-scheduler"')
     assert resource < mps and resource < vgpu
     assert wanted.rindex('"hami-scheduler"') > max(mps, vgpu)  # the default comes last
     # The mode variable covers what the core's choice reads: annotations, node
     # selectors, MIG resources, namespaces.
-    mode = {v["name"]: v["expression"] for v in celpolicy.variables(MODE_SCHEDULERS)}["mode"]
+    mode = {v["name"]: v["expression"] for v in celpolicy.variables(MODE_SCHEDULERS)}["chosenMode"]
     assert all(
         f'"{key}" in variables.annotations' in mode for key in MODE_SCHEDULERS.mode_annotations
     )

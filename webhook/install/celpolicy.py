@@ -381,10 +381,9 @@ def _selects(key: str, value: str) -> str:
     )
 
 
-def _mode_steps(policy: Policy) -> list[tuple[str, str]]:
-    """(condition, mode) in the order :func:`webhook.core.mode.choose_mode` tries them: each
-    mode annotation with a mode as its value, each node selector of a mode, MIG
-    resources, the namespace's mode."""
+def _named_steps(policy: Policy) -> list[tuple[str, str]]:
+    """(condition, mode) of the steps that name a mode (``ModeChoice.named``): each mode
+    annotation with a mode as its value, each node selector of a mode."""
     words: dict[str, list[str]] = {}
     for word, meaning in MODE_ALIASES.items():
         words.setdefault(meaning, []).append(word)
@@ -398,6 +397,13 @@ def _mode_steps(policy: Policy) -> list[tuple[str, str]]:
             )
     for s in policy.node_selector_modes:
         steps.append((_selects(s.key, s.value), literal(s.mode)))
+    return steps
+
+
+def _mode_steps(policy: Policy) -> list[tuple[str, str]]:
+    """(condition, mode) in the order :func:`webhook.core.mode.choose_mode` tries them: the
+    :func:`_named_steps`, MIG resources, the namespace's mode."""
+    steps = _named_steps(policy)
     steps.append(("variables.mig", "'mig'"))
     for mode, namespaces in policy.namespace_modes.items():
         steps.append((f"request.namespace in {_list(namespaces)}", literal(mode)))
@@ -441,8 +447,74 @@ def variables(policy: Policy) -> list[Obj]:
         {"name": "oldAnnotations", "expression": _annotations("variables.oldMeta")},
         {"name": "sharing", "expression": _sharing(policy, "variables.containers")},
         {"name": "mig", "expression": _mig(policy, "variables.containers")},
-        {"name": "mode", "expression": _mode(policy)},
+        {"name": "chosenMode", "expression": _mode(policy)},
+        {"name": "whole", "expression": _keeps_scheduler(policy)},
+        # A pod that keeps its own scheduler for whole GPUs uses no mode.
+        {"name": "mode", "expression": "variables.whole ? 'none' : variables.chosenMode"},
     ]
+
+
+_SCHEDULER: Final = "variables.spec.schedulerName"
+
+
+def _keeps_scheduler(policy: Policy) -> str:
+    """``whole.keeps_scheduler``: only whole-GPU resources, no mode named, and a
+    schedulerName that is not the cluster's own, the sharing one or an allowed one."""
+    if not policy.whole_gpu_resources:
+        return "false"
+    static = sorted({"", DEFAULT_SCHEDULER, *policy.allowed_schedulers})
+    gpu = f"r in {_list(sorted(policy.gpu_resources))} || {_mig_test(policy)}"
+    other = asks_test("c", f"!(r in {_list(sorted(policy.whole_gpu_resources))}) && ({gpu})")
+    named = " || ".join(f"({c})" for c, _ in _named_steps(policy)) or "false"
+    return (
+        f"variables.sharing && has({_SCHEDULER}) && !({_SCHEDULER} in {_list(static)}) && "
+        f"!variables.containers.exists(c, {other}) && !({named}) && "
+        f"{_SCHEDULER} != ({wanted_scheduler(policy)})"
+    )
+
+
+_REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
+# The pod's required nodeSelectorTerms, [] where a level is missing.
+NODE_TERMS: Final = (
+    "(has(variables.spec.affinity) && has(variables.spec.affinity.nodeAffinity) && "
+    f"has(variables.spec.affinity.nodeAffinity.{_REQUIRED}) && "
+    f"has(variables.spec.affinity.nodeAffinity.{_REQUIRED}.nodeSelectorTerms) ? "
+    f"variables.spec.affinity.nodeAffinity.{_REQUIRED}.nodeSelectorTerms : [])"
+)
+
+
+def holds_requirement(term: str, key: str, operator: str, value: str) -> str:
+    """The nodeSelectorTerm ``term`` has the requirement ``key operator [value]`` (for In,
+    among its values; for NotIn, exactly)."""
+    values = (
+        f"{literal(value)} in e.values" if operator == "In" else f"e.values == [{literal(value)}]"
+    )
+    return (
+        f"has({term}.matchExpressions) && {term}.matchExpressions.exists(e, "
+        f"e.key == {literal(key)} && e.operator == {literal(operator)} && has(e.values) && {values})"
+    )
+
+
+def _pool_selected(policy: Policy) -> str:
+    """``whole.pool_selection`` finds something: the nodeSelector, or a required term
+    ``In`` a pool label's value."""
+    terms = [_selects(key, value) for key, value in policy.sharing_pool]
+    terms.extend(
+        f"{NODE_TERMS}.exists(t, {holds_requirement('t', key, 'In', value)})"
+        for key, value in policy.sharing_pool
+    )
+    return " || ".join(f"({t})" for t in terms) or "false"
+
+
+def _off_pool(policy: Policy) -> str:
+    """The pod holds what ``mutation._pool_ops`` adds: every required term NotIn each pool
+    label."""
+    if not policy.sharing_pool:
+        return "true"
+    each = " && ".join(
+        f"({holds_requirement('t', key, 'NotIn', value)})" for key, value in policy.sharing_pool
+    )
+    return f"size({NODE_TERMS}) > 0 && {NODE_TERMS}.all(t, {each})"
 
 
 # ---------------------------------------------------------------------------- rules
@@ -973,7 +1045,13 @@ def _mode_conflict(policy: Policy) -> str:
             f"{mode} == 'mps' && (variables.mainAsks + variables.initAsks)"
             ".exists(a, a['pct'] > 0 && a['m'] == 0)"
         )
-    return "!(variables.created && variables.gpu && (" + " || ".join(f"({t})" for t in terms) + "))"
+    # A pod that keeps its scheduler for whole GPUs uses no mode (the core drops the
+    # choice's findings).
+    return (
+        "!(variables.created && variables.gpu && !variables.whole && ("
+        + " || ".join(f"({t})" for t in terms)
+        + "))"
+    )
 
 
 # ----------------------------------------------------------------------- gpu-quota
@@ -1204,7 +1282,8 @@ def _unmutated(policy: Policy) -> str:
     moded = " || ".join(
         f"(variables.mode == {literal(mode)} && !({_mode_mutated(policy, mode)}))" for mode in modes
     )
-    return f"!(variables.created && variables.sharing && (({moded}) || !({voided})))"
+    whole = f"variables.whole && !({_off_pool(policy)})"
+    return f"!(variables.created && variables.sharing && (({moded}) || ({whole}) || !({voided})))"
 
 
 # The message of each rule after its bracketed id (what to change, as the webhook says).
@@ -1254,13 +1333,15 @@ def _pod_rule(test: PodTest) -> str:
 def wanted_scheduler(policy: Policy) -> str:
     """``Policy.scheduler_for`` of a sharing pod: a resource's scheduler when every
     sharing resource the pod asks for is listed for that scheduler, else its mode's
-    (``variables.mode``, chosen as the core chooses it), else the policy's."""
+    (``variables.chosenMode``, chosen as the core chooses it), else the policy's."""
     by_scheduler: dict[str, list[str]] = {}
     for resource, scheduler in policy.resource_schedulers.items():
         by_scheduler.setdefault(scheduler, []).append(resource)
     expression = literal(policy.scheduler_name)
     for mode, scheduler in sorted(policy.mode_schedulers.items(), reverse=True):
-        expression = f"variables.mode == {literal(mode)} ? {literal(scheduler)} : ({expression})"
+        expression = (
+            f"variables.chosenMode == {literal(mode)} ? {literal(scheduler)} : ({expression})"
+        )
     sharing = sorted(r for r in policy.gpu_resources if not r.startswith(policy.mig_prefixes))
     slices = [r for r in sharing if r not in policy.count_resources]
     for scheduler, resources in sorted(by_scheduler.items(), reverse=True):
@@ -1294,9 +1375,10 @@ def _scheduler(policy: Policy) -> str:
     else:
         static = {"", DEFAULT_SCHEDULER, policy.scheduler_name, *policy.allowed_schedulers}
         allowed = f"{name} in {_list(sorted(static))}"
+    kept = f"!(variables.created && variables.whole && ({_pool_selected(policy)}))"
     return (
         "!(variables.created && variables.mode in ['vgpu', 'mps'] && variables.sharing && "
-        f"has({name}) && !({allowed}))"
+        f"has({name}) && !({allowed})) && {kept}"
     )
 
 

@@ -61,6 +61,7 @@ from webhook.core.injection import (
 from webhook.core.mutation import VOID
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
 from webhook.core.resources import MAX_COUNT, MAX_GIB, MAX_MIB
+from webhook.core.whole import REQUIRED
 from webhook.core.workload import KINDS_BY_PATH
 from webhook.install import celpolicy
 from webhook.install.scope import literal
@@ -410,6 +411,7 @@ def _apply(shape: _Shape, policy: Policy) -> str:
         f"{celpolicy.wanted_scheduler(policy)}) : optional.none()"
     )
     fields = [scheduler, "?hostIPC: variables.mode == 'mps' ? optional.of(true) : optional.none()"]
+
     volumes = _injected(policy, f"{shape.type}.spec.volumes", lambda i: i.volumes)
     fields.append(f"volumes: {volumes}")
     fields.extend(_containers_apply(kind, shape, policy) for kind in _KINDS)
@@ -418,6 +420,57 @@ def _apply(shape: _Shape, policy: Policy) -> str:
         f"{{{literal(MODE_ANNOTATION)}: variables.mode}}}}) : optional.none()"
     )
     return shape.wrap(f"{meta}, spec: {shape.type}.spec{{{', '.join(fields)}}}")
+
+
+_NODE_AFFINITY: Final = "nodeAffinity"
+
+
+def _pool_ops(policy: Policy) -> str:
+    """JSONPatch adds of ``mutation._pool_ops``: the required node affinity away from the
+    sharing pool, added at the level that is missing, else each pool requirement a
+    nodeSelectorTerm lacks appended to it. The terms are atomic lists, which an
+    ApplyConfiguration may not touch once there; the values are plain maps and lists,
+    never Object{} initializers (kubernetes#142181)."""
+    if not policy.sharing_pool:
+        return "[]"
+    wanted = (
+        "["
+        + ", ".join(
+            # dyn: a map literal's values are of one type, and these are a string and a list.
+            f"{{'key': dyn({literal(k)}), 'operator': dyn('NotIn'), 'values': dyn([{literal(v)}])}}"
+            for k, v in policy.sharing_pool
+        )
+        + "]"
+    )
+    spec = "variables.spec"
+    affinity, node = f"{spec}.affinity", f"{spec}.affinity.nodeAffinity"
+    required = f"{node}.{REQUIRED}"
+    at = f"variables.pointer + '/affinity/nodeAffinity/{REQUIRED}'"
+    terms = "[{'matchExpressions': w}]"
+    with_terms = f"{{'nodeSelectorTerms': {terms}}}"
+    with_required = f"{{'{REQUIRED}': {with_terms}}}"
+
+    def add(path: str, value: str) -> str:
+        return f"[JSONPatch{{op: 'add', path: {path}, value: {value}}}]"
+
+    per_term = (
+        f"lists.range(size({required}.nodeSelectorTerms)).map(i, "
+        f"cel.bind(t, {required}.nodeSelectorTerms[i], cel.bind(p, {at} + "
+        "'/nodeSelectorTerms/' + string(i) + '/matchExpressions', "
+        f"!has(t.matchExpressions) ? {add('p', 'w')} : w.filter(x, !t.matchExpressions.exists("
+        "e, e.key == x['key'] && e.operator == 'NotIn' && has(e.values) && "
+        "e.values == x['values'])).map(x, JSONPatch{op: 'add', path: p + '/-', value: x}))))"
+        ".flatten()"
+    )
+    pod_at = "variables.pointer + '/affinity'"
+    body = (
+        f"!has({affinity}) ? {add(pod_at, f'{{{literal(_NODE_AFFINITY)}: {with_required}}}')} : "
+        f"!has({node}) ? {add(pod_at + ' + ' + literal('/' + _NODE_AFFINITY), with_required)} : "
+        f"!has({required}) ? {add(at, with_terms)} : "
+        f"!has({required}.nodeSelectorTerms) || size({required}.nodeSelectorTerms) == 0 ? "
+        f"{add(at + ' + ' + literal('/nodeSelectorTerms'), terms)} : {per_term}"
+    )
+    return f"(variables.whole ? cel.bind(w, {wanted}, {body}) : [])"
 
 
 def _same_mount(m: str, mount: Mapping[str, Any]) -> str:
@@ -573,7 +626,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
             "vgpu": _removals(policy, "vgpu"),
             "mps": f"{_removals(policy, 'mps')} + {_node_selector(policy)}",
         },
-        "[]",
+        _pool_ops(policy),
     )
     mutate: Obj = {
         "failurePolicy": "Fail",
