@@ -987,6 +987,44 @@ _ASKS: Final[tuple[Obj, ...]] = (
     {"aliyun.com/gpu-mem": "3"},
     {"volcano.sh/vgpu-memory": "3000"},
     {"nvidia.com/mig-1g.5gb": "1"},
+    # Whole GPUs (another scheduler keeps them), and HAMi's dynamic MIG's ask.
+    {"nvidia.com/gpu": "2"},
+    {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000"},
+)
+_AFFINITIES: Final[tuple[Obj | None, ...]] = (
+    None,
+    {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "NotIn", "values": ["on"]}]},
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]},
+                ]
+            }
+        }
+    },
+    {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "gpu", "operator": "NotIn", "values": ["on"]}]},
+                ]
+            }
+        }
+    },
+    {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {"key": "gpu", "operator": "In", "values": ["off", "on"]}
+                        ]
+                    },
+                ]
+            }
+        }
+    },
 )
 _MODE_ANNOTATIONS: Final[tuple[Obj, ...]] = (
     {},
@@ -995,6 +1033,8 @@ _MODE_ANNOTATIONS: Final[tuple[Obj, ...]] = (
     {"gpushare.io/mode": "bogus", "nvidia.com/vgpu-mode": "mps"},
     {"nvidia.com/vgpu-mode": "hami-core"},
     {"gpushare.io/mode": "mig"},
+    {"nvidia.com/vgpu-mode": "mig"},
+    {"volcano.sh/vgpu-mode": " MIG", "nvidia.com/vgpu-mode": "mps"},
 )
 
 
@@ -1017,6 +1057,9 @@ def _scheduled(draw: st.DrawFn) -> tuple[str, Obj]:
     scheduler = draw(st.sampled_from((None, *SCHEDULERS)))
     if scheduler is not None:
         pod["spec"]["schedulerName"] = scheduler
+    affinity = draw(st.sampled_from(_AFFINITIES))
+    if affinity is not None:
+        pod["spec"]["affinity"] = copy.deepcopy(affinity)
     return ("Pod", pod) if draw(st.booleans()) else ("Deployment", _deployment(pod))
 
 

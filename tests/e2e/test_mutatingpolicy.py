@@ -230,6 +230,8 @@ _STACKS: Final[Mapping[str, Mapping[str, tuple[int, ...]]]] = {
         "volcano.sh/vgpu-cores": (25,),
     },
     "mig": {"nvidia.com/mig-1g.5gb": (1, 2)},
+    # HAMi's dynamic MIG: memory on a MIG instance HAMi's scheduler cuts.
+    "dynamic-mig": {"nvidia.com/gpu": (1,), "nvidia.com/gpumem": (5000, 10000)},
     # Whole GPUs, which another scheduler keeps off the sharing pool (webhook.core.whole).
     "whole": {"nvidia.com/gpu": (1, 2, 8)},
 }
@@ -312,8 +314,9 @@ def sharing_objects(draw: st.DrawFn) -> tuple[str, Obj]:
     """(kind, object) a careful user writes for each sharing stack, with what the
     mutation must merge with: preset env, sidecars, init containers, a node selector,
     a scheduler, the volumes it injects already there."""
-    # MIG twice: strict.yaml refuses many of its pods, and each mode is to be reached.
-    stack = draw(st.sampled_from([*sorted(_STACKS), "mig"]))
+    # Some twice: strict.yaml refuses many MIG and MPS pods, and each mode and stack is to
+    # be reached under each policy.
+    stack = draw(st.sampled_from([*sorted(_STACKS), "mig", "hami", "ack", "dynamic-mig"]))
     spec: Obj = {"containers": [], "volumes": [{"name": "data", "emptyDir": {}}]}
     for i in range(draw(st.integers(1, 3))):
         gpu = i == 0 or draw(st.booleans())
@@ -329,7 +332,13 @@ def sharing_objects(draw: st.DrawFn) -> tuple[str, Obj]:
         if draw(st.booleans()):
             init["restartPolicy"] = "Always"
         spec.setdefault("initContainers", []).append(init)
-    mode = "none" if stack in ("mig", "whole") else "vgpu" if stack == "hami-percentage" else None
+    mode = (
+        "none"
+        if stack in ("mig", "whole", "dynamic-mig")
+        else "vgpu"
+        if stack == "hami-percentage"
+        else None
+    )
     mode = mode or draw(st.sampled_from(["vgpu", "mps"]))
     selectors: list[Obj | None] = [None, {"zone": "a"}]
     if mode == "mps":
@@ -360,6 +369,8 @@ def sharing_objects(draw: st.DrawFn) -> tuple[str, Obj]:
     pod: Obj = {"apiVersion": "v1", "kind": "Pod", "spec": spec}
     if mode != "none" and (selector is None or "zone" in selector or draw(st.booleans())):
         pod["metadata"] = {"annotations": {MODE_ANNOTATION: mode}}
+    if stack == "dynamic-mig":
+        pod["metadata"] = {"annotations": {"nvidia.com/vgpu-mode": "mig"}}
     kind = draw(st.sampled_from(["Pod", "Pod", *COLLECTIONS]))
     if kind in ("Job", "CronJob"):
         spec["restartPolicy"] = "Never"
@@ -413,6 +424,11 @@ def test_the_policies_mutate_as_the_core_does(map_cluster: MapCluster) -> None:
         compared[namespace if namespace == CHAINED else kind] += 1
         if touched(kind, core.mutated)["spec"].get("schedulerName") in ("kai-scheduler", "volcano"):
             compared["kept its scheduler"] += 1
+        if (
+            core.mode == "mig"
+            and "nvidia.com/vgpu-mode" in touched(kind, core.mutated)["annotations"]
+        ):
+            compared["dynamic MIG"] += 1
         if touched(kind, got.body) != touched(kind, core.mutated):
             diff = difference(touched(kind, got.body), touched(kind, core.mutated))
             mismatches.append((namespace, diff, sent))
@@ -442,7 +458,7 @@ def test_the_policies_mutate_as_the_core_does(map_cluster: MapCluster) -> None:
     for mode in ("vgpu", "mps", "mig", "none"):
         assert compared[mode] >= 10, compared
     assert compared["Pod"] >= 20 and compared[CHAINED] >= 20, compared
-    assert compared["kept its scheduler"] >= 10, compared
+    assert compared["kept its scheduler"] >= 10 and compared["dynamic MIG"] >= 5, compared
     assert compared["refused"] >= 50, compared
     assert sum(compared[k] for k in COLLECTIONS if k != "Pod") >= 20, compared
 

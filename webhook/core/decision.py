@@ -139,6 +139,7 @@ def _examine(
         previous=previous,
         namespace=namespace,
         whole=whole,
+        dynamic=choice.dynamic,
     )
     findings = evaluate(subject, policy)
     if subject.created:
@@ -240,7 +241,13 @@ def decide(
         )
     elif mutable and phase == "validate":
         missing = first_missing(
-            view, subject.requests, choice.mode, policy, subject.injection, whole=subject.whole
+            view,
+            subject.requests,
+            choice.mode,
+            policy,
+            subject.injection,
+            whole=subject.whole,
+            dynamic=choice.dynamic,
         )
         if missing is not None:
             findings.append(
@@ -258,7 +265,13 @@ def decide(
         # A pod that shares no GPU may still need the void for its containers: mutated,
         # but never refused as unmutated (a legacy image is raw-visible-devices').
         mutation = mutate(
-            view, subject.requests, choice.mode, policy, subject.injection, whole=subject.whole
+            view,
+            subject.requests,
+            choice.mode,
+            policy,
+            subject.injection,
+            whole=subject.whole,
+            dynamic=choice.dynamic,
         )
         decision.patch = [*translated, *mutation.ops] if translated else mutation.ops
         capped = [Finding("limit-tampering", text) for text in mutation.overwritten]

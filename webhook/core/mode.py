@@ -28,6 +28,9 @@ class ModeChoice:
     # Named by a mode annotation or a nodeSelector the policy maps: the pod asks for
     # that mode, not only for GPUs.
     named: bool = False
+    # mig named by one of the policy's dynamicMigAnnotations: the scheduler cuts a MIG
+    # instance that holds the memory the pod asks for (HAMi's and Volcano's dynamic MIG).
+    dynamic: bool = False
 
 
 def _annotated_mode(
@@ -51,6 +54,18 @@ def _annotated_mode(
     return None
 
 
+def _dynamic(annotations: Mapping[str, Any], policy: Policy) -> bool:
+    """The first mode annotation with a mode as its value is a dynamic-MIG one saying mig."""
+    for key in policy.mode_annotations:
+        raw = annotations.get(key)
+        if raw is None:
+            continue
+        value = _ALIASES.get(str(raw).strip().lower())
+        if value is not None:
+            return value == "mig" and key in policy.dynamic_mig_annotations
+    return False
+
+
 def named_mode(
     *, annotations: Mapping[str, Any], node_selector: Mapping[str, Any], policy: Policy
 ) -> Mode | None:
@@ -66,7 +81,7 @@ def named_mode(
 
 
 def _container_conflicts(
-    requests: PodRequests, mode: Mode, source: str, findings: list[Finding]
+    requests: PodRequests, mode: Mode, source: str, findings: list[Finding], *, dynamic: bool
 ) -> None:
     """Containers whose resources the pod's mode cannot satisfy, into ``findings``."""
     for request in requests.containers:
@@ -83,7 +98,7 @@ def _container_conflicts(
                     "mode-conflict", f"{request.label}: asks for MIG but the pod's mode is {mode}"
                 )
             )
-        elif request.shares and mode == "mig":
+        elif request.shares and mode == "mig" and not dynamic:
             findings.append(
                 Finding(
                     "mode-conflict",
@@ -159,8 +174,9 @@ def choose_mode(
                 chosen = candidate, f"namespace {namespace}"  # type: ignore[assignment]
                 break
     mode, source = chosen if chosen is not None else (policy.default_mode, "policy default")
+    dynamic = mode == "mig" and named and _dynamic(annotations, policy)
     # Appended to the list rather than yielded: generators cost more than the checks.
-    _container_conflicts(requests, mode, source, findings)
+    _container_conflicts(requests, mode, source, findings, dynamic=dynamic)
     _placement_conflicts(
         mode=mode,
         source=source,
@@ -170,4 +186,10 @@ def choose_mode(
         policy=policy,
         findings=findings,
     )
-    return ModeChoice(mode=mode, source=source, findings=findings, named=named)
+    return ModeChoice(
+        mode=mode,
+        source=source,
+        findings=findings,
+        named=named,
+        dynamic=dynamic and requests.sharing,
+    )

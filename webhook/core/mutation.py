@@ -355,8 +355,15 @@ def _container_ops(
         label=label,
         what="mount",
     )
+    _implied_ops(out, view, request)
+
+
+def _implied_ops(out: Patch, view: PodView, request: ContainerRequest) -> None:
+    """The count resource a container that asks only for memory or cores implies."""
     count = request.implied_count_resource
     if count is not None:
+        container = view.spec[request.kind][request.index]
+        cp = f"{view.spec_pointer}/{request.kind}/{request.index}"
         resources = as_mapping(container.get("resources"))
         for part in ("limits", "requests"):
             current = resources.get(part)
@@ -469,12 +476,19 @@ def _edits(
     policy: Policy,
     injection: Injection,
     whole: bool,
+    dynamic: bool,
 ) -> None:
     """Every op a pod (or template) in ``mode`` still needs, in an order that applies."""
     if mode in ("vgpu", "mps"):
         _mode_edits(out, view, requests, mode, policy, injection)
     elif whole:
         _pool_ops(out, view, policy)
+    elif dynamic:
+        # The scheduler cuts the MIG instance: it gets the pod, and nothing is preloaded.
+        _scheduler_ops(out, view.spec, view.spec_pointer, policy.scheduler_for(requests, mode=mode))
+        for request in requests.containers:
+            if request.shares and request.kind != "ephemeralContainers":
+                _implied_ops(out, view, request)
     if needs_void(view.spec, requests):
         _void_ops(out, view, requests, policy)
 
@@ -516,12 +530,14 @@ def mutate(
     injection: Injection,
     *,
     whole: bool = False,
+    dynamic: bool = False,
 ) -> Patch:
     """The patch for a pod (or template) in ``mode``; empty when it already has it all.
     ``whole``: it asks only for whole GPUs under a scheduler of its own
-    (:func:`webhook.core.whole.keeps_scheduler`), and is kept off the sharing pool."""
+    (:func:`webhook.core.whole.keeps_scheduler`), and is kept off the sharing pool;
+    ``dynamic``: a mig pod of the scheduler's dynamic MIG (``ModeChoice.dynamic``)."""
     out = Patch()
-    _edits(out, view, requests, mode, policy, injection, whole)
+    _edits(out, view, requests, mode, policy, injection, whole, dynamic)
     return out
 
 
@@ -533,11 +549,12 @@ def first_missing(
     injection: Injection,
     *,
     whole: bool = False,
+    dynamic: bool = False,
 ) -> PatchOp | None:
     """The first op the mutation would still make, or None when the pod has it all."""
     out = Patch(first_only=True)
     try:
-        _edits(out, view, requests, mode, policy, injection, whole)
+        _edits(out, view, requests, mode, policy, injection, whole, dynamic)
     except _Enough:
         return out.ops[0]
     return None

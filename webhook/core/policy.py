@@ -117,6 +117,7 @@ SCHEMA: Final[dict[str, Any]] = {
                     "properties": {
                         "default": {"enum": [*MODES, "none"]},
                         "annotations": _STRINGS,
+                        "dynamicMigAnnotations": _STRINGS,
                         "nodeSelectors": {
                             "type": "array",
                             "items": {
@@ -375,6 +376,9 @@ class Policy:
     mig_prefixes: tuple[str, ...]
     default_mode: Mode
     mode_annotations: tuple[str, ...]
+    # Mode annotations whose value mig means the scheduler's dynamic MIG (HAMi, Volcano):
+    # the pod asks for memory and the scheduler places it on a MIG instance it cuts.
+    dynamic_mig_annotations: frozenset[str]
     node_selector_modes: tuple[NodeSelectorMode, ...]
     namespace_modes: Mapping[str, tuple[str, ...]]
     allowed_namespaces: Mapping[str, tuple[str, ...]]
@@ -727,6 +731,7 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         mig_prefixes=tuple(res["migPrefixes"]),
         default_mode=modes["default"],
         mode_annotations=tuple(modes["annotations"]),
+        dynamic_mig_annotations=frozenset(modes["dynamicMigAnnotations"]),
         node_selector_modes=tuple(
             NodeSelectorMode(key=s["key"], value=s["value"], mode=s["mode"])
             for s in modes["nodeSelectors"]

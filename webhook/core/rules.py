@@ -136,6 +136,8 @@ class Subject:
     namespace: str = ""
     # Asks only for whole GPUs under a scheduler of its own (webhook.core.whole).
     whole: bool = False
+    # A mig pod of the scheduler's dynamic MIG (ModeChoice.dynamic): scheduled as a slice.
+    dynamic: bool = False
     # A new pod, or a template (whose pods will all be created). Set once: most rules ask.
     created: bool = field(init=False)
 
@@ -674,7 +676,8 @@ def scheduler_bypass(subject: Subject, policy: Policy) -> Iterator[Finding]:
                 f"schedulerName ({policy.scheduler_name} accounts for GPUs there)",
             )
         return
-    if subject.mode not in ("vgpu", "mps") or not subject.requests.sharing or not subject.created:
+    scheduled = subject.mode in ("vgpu", "mps") or subject.dynamic
+    if not scheduled or not subject.requests.sharing or not subject.created:
         return
     scheduler = subject.view.spec.get("schedulerName")
     wanted = policy.scheduler_for(subject.requests, mode=subject.mode)

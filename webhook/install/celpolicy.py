@@ -448,10 +448,27 @@ def variables(policy: Policy) -> list[Obj]:
         {"name": "sharing", "expression": _sharing(policy, "variables.containers")},
         {"name": "mig", "expression": _mig(policy, "variables.containers")},
         {"name": "chosenMode", "expression": _mode(policy)},
+        {"name": "dynamicMig", "expression": _dynamic_mig(policy)},
         {"name": "whole", "expression": _keeps_scheduler(policy)},
         # A pod that keeps its own scheduler for whole GPUs uses no mode.
         {"name": "mode", "expression": "variables.whole ? 'none' : variables.chosenMode"},
     ]
+
+
+def _dynamic_mig(policy: Policy) -> str:
+    """``ModeChoice.dynamic``: the first mode annotation with a mode as its value is one of
+    the policy's dynamicMigAnnotations and says mig, in a pod that asks for a slice."""
+    ann = "variables.annotations"
+    expression = "false"
+    for key in reversed(policy.mode_annotations):
+        value = f"string({ann}[{literal(key)}])"
+        says = _stripped_in(value, [w for w, m in MODE_ALIASES.items() if m == "mig"])
+        dynamic = says if key in policy.dynamic_mig_annotations else "false"
+        expression = (
+            f"({literal(key)} in {ann} && {_stripped_in(value, MODE_ALIASES)}) ? {dynamic} : "
+            f"({expression})"
+        )
+    return f"variables.sharing && variables.chosenMode == 'mig' && ({expression})"
 
 
 _SCHEDULER: Final = "variables.spec.schedulerName"
@@ -1022,7 +1039,7 @@ def _mode_conflict(policy: Policy) -> str:
     containers = (
         f"variables.containers.exists(c, [{mig}].exists(mig, [{shares}].exists(shares, "
         f"(mig && (shares || {mode} != 'mig')) || "
-        f"(shares && ({mode} == 'mig' || ({mode} == 'none'{unnamed}))))))"
+        f"(shares && (({mode} == 'mig' && !variables.dynamicMig) || ({mode} == 'none'{unnamed}))))))"
     )
     terms = [misspelt, containers]
     terms.extend(
@@ -1238,11 +1255,7 @@ def _mode_mutated(policy: Policy, mode: Mode) -> str:
     spec = "variables.spec"
     injection = injection_for(mode, policy)
     terms = [
-        # The apiserver defaults a missing schedulerName to default-scheduler, which the
-        # mutation replaces unless it is the one wanted.
-        f"(has({spec}.schedulerName) && !({spec}.schedulerName in ['', "
-        f"{literal(DEFAULT_SCHEDULER)}])) || ({wanted_scheduler(policy)}) == "
-        f"{literal(DEFAULT_SCHEDULER)}",
+        _scheduled(policy),
         f"{literal(MODE_ANNOTATION)} in variables.annotations && "
         f"variables.annotations[{literal(MODE_ANNOTATION)}] == {literal(mode)}",
     ]
@@ -1283,7 +1296,38 @@ def _unmutated(policy: Policy) -> str:
         f"(variables.mode == {literal(mode)} && !({_mode_mutated(policy, mode)}))" for mode in modes
     )
     whole = f"variables.whole && !({_off_pool(policy)})"
-    return f"!(variables.created && variables.sharing && (({moded}) || ({whole}) || !({voided})))"
+    dynamic = f"variables.dynamicMig && !({_dynamic_mutated(policy)})"
+    return (
+        f"!(variables.created && variables.sharing && "
+        f"(({moded}) || ({whole}) || ({dynamic}) || !({voided})))"
+    )
+
+
+def _scheduled(policy: Policy) -> str:
+    """The pod has the scheduler the mutation sets (``mutation._scheduler_ops``): the
+    apiserver defaults a missing schedulerName to default-scheduler, which the mutation
+    replaces unless it is the one wanted."""
+    spec = "variables.spec"
+    return (
+        f"(has({spec}.schedulerName) && !({spec}.schedulerName in ['', "
+        f"{literal(DEFAULT_SCHEDULER)}])) || ({wanted_scheduler(policy)}) == "
+        f"{literal(DEFAULT_SCHEDULER)}"
+    )
+
+
+def _dynamic_mutated(policy: Policy) -> str:
+    """A pod of the scheduler's dynamic MIG holds its scheduler and each sharing container
+    its count resource (nothing else is injected)."""
+    spec = "variables.spec"
+    containers = (
+        f"(has({spec}.containers) ? {spec}.containers : []) + "
+        f"(has({spec}.initContainers) ? {spec}.initContainers : [])"
+    )
+    implied = (
+        f"({containers}).all(c, !({asks_test('c', _sharing_test(policy))}) || "
+        f"!({_implied(policy)}))"
+    )
+    return f"({_scheduled(policy)}) && ({implied})"
 
 
 # The message of each rule after its bracketed id (what to change, as the webhook says).
@@ -1377,8 +1421,8 @@ def _scheduler(policy: Policy) -> str:
         allowed = f"{name} in {_list(sorted(static))}"
     kept = f"!(variables.created && variables.whole && ({_pool_selected(policy)}))"
     return (
-        "!(variables.created && variables.mode in ['vgpu', 'mps'] && variables.sharing && "
-        f"has({name}) && !({allowed})) && {kept}"
+        "!(variables.created && (variables.mode in ['vgpu', 'mps'] || variables.dynamicMig) && "
+        f"variables.sharing && has({name}) && !({allowed})) && {kept}"
     )
 
 

@@ -309,16 +309,19 @@ def mutation_variables(policy: Policy) -> list[Obj]:
         {"name": "pointer", "expression": _pointer()},
         {
             "name": "wants",
+            # A dynamic-MIG pod's sharing containers want no env, only their count.
             "expression": unbind(
                 f"variables.mode in ['vgpu', 'mps'] ? {sharing}.transformMapEntry("
-                f"i, c, {{c.name: {container_wants(policy)}}}) : {{}}"
+                f"i, c, {{c.name: {container_wants(policy)}}}) : variables.dynamicMig ? "
+                f"{sharing}.transformMapEntry(i, c, {{c.name: {container_wants(policy)}"
+                ".filter(w, false)}) : {}"
             ),
         },
         {
             "name": "implied",
             "expression": unbind(
-                f"variables.mode in ['vgpu', 'mps'] ? {sharing}.transformMapEntry("
-                f"i, c, {{c.name: {_implied(policy)}}}) : {{}}"
+                f"variables.mode in ['vgpu', 'mps'] || variables.dynamicMig ? "
+                f"{sharing}.transformMapEntry(i, c, {{c.name: {_implied(policy)}}}) : {{}}"
             ),
         },
         {"name": "voided", "expression": void},
@@ -403,8 +406,9 @@ def _apply(shape: _Shape, policy: Policy) -> str:
     """The ApplyConfiguration of a GPU pod (or template) of ``shape``."""
     spec = "variables.spec"
     sharing = "variables.mode in ['vgpu', 'mps']"
+    scheduled = "(variables.mode in ['vgpu', 'mps'] || variables.dynamicMig)"
     scheduler = (
-        f"?schedulerName: {sharing} && (!has({spec}.schedulerName) || "
+        f"?schedulerName: {scheduled} && (!has({spec}.schedulerName) || "
         f"{spec}.schedulerName in ['', {literal(DEFAULT_SCHEDULER)}]) && "
         f"cel.bind(s, {celpolicy.wanted_scheduler(policy)}, "
         f"s != {literal(DEFAULT_SCHEDULER)}) ? optional.of("
