@@ -197,6 +197,8 @@ _ENV_VALUES: Final[Mapping[str, Sequence[str]]] = {
     "CUDA_REDIRECT": ("", "/usr/lib/x86_64-linux-gnu/libcuda.so.1", "libcuda.so.1", " ", "$(LIB)"),
     # HAMi-core reads exactly "false" and "0" as off.
     "ACTIVE_OOM_KILLER": ("true", "1", "false", "0", "FALSE", "$(OOM)"),
+    # ACK's cGPU: anything but an explicit false switches isolation off.
+    "CGPU_DISABLE": ("true", "false", " 0", "$(OFF)"),
     "CUDA_DEVICE_MEMORY_LIMIT": ("3000m", "1g", "99999m", "0", "abc"),
     "CUDA_DEVICE_MEMORY_LIMIT_0": ("3000m", "1g", "99999m", "0", "abc", "8000m"),
     "CUDA_DEVICE_MEMORY_LIMIT_1": ("3000m", "80g"),
@@ -240,6 +242,7 @@ _BENIGN: Final[Mapping[str, Sequence[str]]] = {
     "GPU_CORE_UTILIZATION_POLICY": ("default", "force"),
     "CUDA_REDIRECT": ("",),
     "ACTIVE_OOM_KILLER": ("true",),
+    "CGPU_DISABLE": ("false",),
 }
 
 

@@ -600,3 +600,81 @@ def test_delete_is_not_evaluated() -> None:
     )
     assert decision.allowed
     assert decision.violations == []
+
+
+# -- what each stack's node provides ---------------------------------------------------
+
+
+def test_an_ack_pod_gets_no_library_its_nodes_do_not_have() -> None:
+    # ACK's gpushare nodes isolate with cGPU: a libvgpu hostPath of type File would keep
+    # the pod from starting there, and nothing on them reads HAMi-core's variables.
+    entry = review_object(gpu_pod({"aliyun.com/gpu-mem": "4"}), DEFAULT_POLICY)
+    assert entry["allowed"], entry["violations"]
+    assert entry["mode"] == "vgpu"
+    mutated = entry["object"]
+    assert "volumes" not in mutated["spec"]
+    assert "env" not in mutated["spec"]["containers"][0]
+    assert "schedulerName" not in mutated["spec"]  # ACK's extender is the cluster's own
+    assert mutated["metadata"]["annotations"] == {"gpushare.io/mode": "vgpu"}
+    request = Request(kind="Pod", namespace="ml")
+    assert decide(mutated, request, DEFAULT_POLICY, phase="validate").allowed
+    assert decide(mutated, request, DEFAULT_POLICY, phase="mutate").patch == []
+
+
+def test_an_ack_pod_that_also_asks_hami_for_a_slice_gets_the_library() -> None:
+    pod = gpu_pod({"aliyun.com/gpu-mem": "4", "nvidia.com/gpucores": "30"})
+    mutated = review_object(pod, DEFAULT_POLICY)["object"]
+    assert any(v["name"] == "gpushare-vgpu-lib" for v in mutated["spec"]["volumes"])
+
+
+def test_an_ack_mps_pod_still_gets_the_mps_daemons_pipe() -> None:
+    pod = gpu_pod({"aliyun.com/gpu-mem": "4"}, nodeSelector={"ack.node.gpu.schedule": "mps"})
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["mode"] == "mps"
+    assert entry["object"]["spec"]["hostIPC"] is True
+    assert [v["name"] for v in entry["object"]["spec"]["volumes"]] == ["gpushare-mps-pipe"]
+
+
+def test_an_ack_pod_still_meets_the_switch_rules() -> None:
+    pod = gpu_pod({"aliyun.com/gpu-mem": "4"})
+    pod["spec"]["containers"][0]["env"] = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
+    assert rules_of(review_object(pod, DEFAULT_POLICY)) == {"limit-tampering"}
+
+
+@pytest.mark.parametrize("value", ["true", "1", "yes", " TRUE "])
+def test_an_ack_pod_may_not_switch_cgpu_isolation_off(value: str) -> None:
+    pod = gpu_pod({"aliyun.com/gpu-mem": "4"})
+    pod["spec"]["containers"][0]["env"] = [{"name": "CGPU_DISABLE", "value": value}]
+    assert rules_of(review_object(pod, DEFAULT_POLICY)) == {"limit-tampering"}
+    pod["spec"]["containers"][0]["env"] = [
+        {"name": "CGPU_DISABLE", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "k"}}}
+    ]
+    assert rules_of(review_object(pod, DEFAULT_POLICY)) == {"limit-tampering"}
+
+
+def test_cgpu_isolation_left_on_is_admitted() -> None:
+    pod = gpu_pod({"aliyun.com/gpu-mem": "4"})
+    pod["spec"]["containers"][0]["env"] = [{"name": "CGPU_DISABLE", "value": "false"}]
+    assert review_object(pod, DEFAULT_POLICY)["allowed"]
+
+
+def test_a_configmap_may_not_carry_cgpu_disable() -> None:
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c", "namespace": "ml"}}
+    config["data"] = {"CGPU_DISABLE": "true"}
+    assert rules_of(review_object(config, DEFAULT_POLICY)) == {"raw-visible-devices"}
+
+
+@pytest.mark.parametrize("value", ["mig,hami-core", "hami-core,mig", "mig hami-core"])
+def test_a_dynamic_mig_annotation_with_another_mode_in_it_is_refused(value: str) -> None:
+    # HAMi matches the annotation as a substring of the card's mode: only "mig" alone
+    # keeps the pod off shared cards.
+    pod = gpu_pod({"nvidia.com/gpumem": "3000"})
+    pod["metadata"]["annotations"] = {"nvidia.com/vgpu-mode": value}
+    assert "mode-conflict" in rules_of(review_object(pod, DEFAULT_POLICY))
+
+
+def test_a_dynamic_mig_pod_meets_the_switch_rules() -> None:
+    pod = gpu_pod({"nvidia.com/gpumem": "3000"})
+    pod["metadata"]["annotations"] = {"nvidia.com/vgpu-mode": "mig"}
+    pod["spec"]["containers"][0]["env"] = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
+    assert rules_of(review_object(pod, DEFAULT_POLICY)) == {"limit-tampering"}

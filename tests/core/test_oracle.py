@@ -257,7 +257,14 @@ def _switched_off(container: Mapping[str, Any]) -> bool:
     ):
         return True
     oom = env.get("ACTIVE_OOM_KILLER")
-    return oom is UNKNOWN or oom in OOM_KILLER_OFF
+    if oom is UNKNOWN or oom in OOM_KILLER_OFF:
+        return True
+    # ACK's cGPU: any entry but an explicit false leaves isolation off for the container.
+    return any(
+        _literal(e) is UNKNOWN or str(_literal(e)).strip().lower() not in ("false", "0")
+        for e in _env(container)
+        if e["name"] == "CGPU_DISABLE"
+    )
 
 
 _ACCOUNTING: Final = {"aliyun.com": "default-scheduler", "volcano.sh": "volcano"}
@@ -360,6 +367,7 @@ GUARDED_ENV: Final = (
     "GPU_CORE_UTILIZATION_POLICY",
     "CUDA_REDIRECT",
     "ACTIVE_OOM_KILLER",
+    "CGPU_DISABLE",
 )
 # The host's GPU stack: sysfs, the driver's libraries and tools, the runtime's hook.
 GPU_STACK_DIRS: Final = (

@@ -59,7 +59,6 @@ _NO_LIBVGPU: Final = frozenset(
 
 # Legitimate workloads the default policy still refuses, each with why: asserted refused
 # (so an entry leaves this list the day its fix lands), never skipped.
-_ACK_PRELOAD: Final = "ACK nodes isolate with cGPU and have no HAMi-core: the policy cannot yet say which stacks a cluster runs"
 _IMEX: Final = "an IMEX channel claim beside whole GPUs: the claim is judged as if it held GPUs, not by its class"
 STILL_REFUSED: Final[Mapping[str, str]] = {
     "ack/binpack-4-deployment-mib.yaml": "aliyun.com/gpu-mem in MiB, as the extender's design doc writes it",
@@ -75,11 +74,6 @@ STILL_REFUSED: Final[Mapping[str, str]] = {
 }
 # Admitted, but mutated with what their stack's node does not provide.
 STILL_WRONG: Final[Mapping[str, str]] = {
-    "ack/binpack-1-deployment.yaml": _ACK_PRELOAD,
-    "ack/binpack-2-deployment.yaml": _ACK_PRELOAD,
-    "ack/device-plugin-demo-job.yaml": _ACK_PRELOAD,
-    "ack/device-plugin-demo-statefulset.yaml": _ACK_PRELOAD,
-    "ack/userguide-binpack-statefulset.yaml": _ACK_PRELOAD,
     "dra/extended-resource-gpu-full.yaml": "nvidia.com/gpu served by a DRA DeviceClass is sent to HAMi",
     "nvidia-device-plugin/mig-single-vectoradd.yaml": (
         "MIG's single strategy serves instances as nvidia.com/gpu: sent to HAMi with libvgpu"

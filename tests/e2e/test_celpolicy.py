@@ -990,6 +990,8 @@ _ASKS: Final[tuple[Obj, ...]] = (
     # Whole GPUs (another scheduler keeps them), and HAMi's dynamic MIG's ask.
     {"nvidia.com/gpu": "2"},
     {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8000"},
+    # ... and one the unit contract refuses.
+    {"nvidia.com/gpucores": "130"},
 )
 _AFFINITIES: Final[tuple[Obj | None, ...]] = (
     None,

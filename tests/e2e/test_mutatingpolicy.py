@@ -429,6 +429,11 @@ def test_the_policies_mutate_as_the_core_does(map_cluster: MapCluster) -> None:
             and "nvidia.com/vgpu-mode" in touched(kind, core.mutated)["annotations"]
         ):
             compared["dynamic MIG"] += 1
+        if (
+            core.mode == "vgpu"
+            and "gpushare-vgpu-lib" not in touched(kind, core.mutated)["spec"]["volumes"]
+        ):
+            compared["vgpu without HAMi-core"] += 1
         if touched(kind, got.body) != touched(kind, core.mutated):
             diff = difference(touched(kind, got.body), touched(kind, core.mutated))
             mismatches.append((namespace, diff, sent))
@@ -459,6 +464,7 @@ def test_the_policies_mutate_as_the_core_does(map_cluster: MapCluster) -> None:
         assert compared[mode] >= 10, compared
     assert compared["Pod"] >= 20 and compared[CHAINED] >= 20, compared
     assert compared["kept its scheduler"] >= 10 and compared["dynamic MIG"] >= 5, compared
+    assert compared["vgpu without HAMi-core"] >= 5, compared
     assert compared["refused"] >= 50, compared
     assert sum(compared[k] for k in COLLECTIONS if k != "Pod") >= 20, compared
 

@@ -124,6 +124,8 @@ def _examine(
         # Whole GPUs under a scheduler of the pod's own: no slice to inject, and no mode
         # it uses (its namespace's or the policy's default mode is not asked for).
         choice = ModeChoice(mode="none", source="whole GPUs under the pod's own scheduler")
+    # A vgpu pod of a stack whose nodes have no HAMi-core gets none injected.
+    library = choice.mode != "vgpu" or policy.library_for(requests)
     if cluster is not None and requests.sharing and choice.mode in ("vgpu", "mps"):
         selector = candidate_selector(view.spec, choice.mode, policy)
         resolve_percentages(requests, pool_of(cluster, selector), where=where(selector))
@@ -133,13 +135,14 @@ def _examine(
         mode=choice.mode,
         operation=request.operation,
         phase=phase,
-        injection=injection_for(choice.mode, policy) if requests.sharing else NOTHING,
+        injection=injection_for(choice.mode, policy) if requests.sharing and library else NOTHING,
         username=request.username,
         groups=request.groups,
         previous=previous,
         namespace=namespace,
         whole=whole,
         dynamic=choice.dynamic,
+        library=library,
     )
     findings = evaluate(subject, policy)
     if subject.created:
@@ -248,6 +251,7 @@ def decide(
             subject.injection,
             whole=subject.whole,
             dynamic=choice.dynamic,
+            library=subject.library,
         )
         if missing is not None:
             findings.append(
@@ -272,6 +276,7 @@ def decide(
             subject.injection,
             whole=subject.whole,
             dynamic=choice.dynamic,
+            library=subject.library,
         )
         decision.patch = [*translated, *mutation.ops] if translated else mutation.ops
         capped = [Finding("limit-tampering", text) for text in mutation.overwritten]

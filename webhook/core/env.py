@@ -44,6 +44,8 @@ GUARDED_NAMES: Final = (
     "GPU_CORE_UTILIZATION_POLICY",
     "CUDA_REDIRECT",
     "ACTIVE_OOM_KILLER",
+    # ACK's cGPU isolation reads it: true switches the container's isolation off.
+    "CGPU_DISABLE",
 )
 # ... and every name that starts with these: HAMi-core's per-device limits, which the
 # mutation cannot pin when memory is a percentage the device plugin turns into MiB (the

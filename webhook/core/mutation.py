@@ -477,10 +477,11 @@ def _edits(
     injection: Injection,
     whole: bool,
     dynamic: bool,
+    library: bool,
 ) -> None:
     """Every op a pod (or template) in ``mode`` still needs, in an order that applies."""
     if mode in ("vgpu", "mps"):
-        _mode_edits(out, view, requests, mode, policy, injection)
+        _mode_edits(out, view, requests, mode, policy, injection, library)
     elif whole:
         _pool_ops(out, view, policy)
     elif dynamic:
@@ -500,8 +501,10 @@ def _mode_edits(
     mode: Mode,
     policy: Policy,
     injection: Injection,
+    library: bool,
 ) -> None:
-    """The ops of a GPU-sharing pod in mode vgpu or mps."""
+    """The ops of a GPU-sharing pod in mode vgpu or mps; a vgpu pod without HAMi-core
+    (``library`` False) gets its scheduler, mode and count, nothing of the library."""
     spec, sp = view.spec, view.spec_pointer
     _scheduler_ops(out, spec, sp, policy.scheduler_for(requests, mode=mode))
     if mode == "mps":
@@ -519,7 +522,10 @@ def _mode_edits(
     )
     for request in requests.containers:
         if request.shares and request.kind != "ephemeralContainers":
-            _container_ops(out, view, request, mode, policy, injection)
+            if library:
+                _container_ops(out, view, request, mode, policy, injection)
+            else:
+                _implied_ops(out, view, request)
 
 
 def mutate(
@@ -531,13 +537,15 @@ def mutate(
     *,
     whole: bool = False,
     dynamic: bool = False,
+    library: bool = True,
 ) -> Patch:
     """The patch for a pod (or template) in ``mode``; empty when it already has it all.
     ``whole``: it asks only for whole GPUs under a scheduler of its own
     (:func:`webhook.core.whole.keeps_scheduler`), and is kept off the sharing pool;
-    ``dynamic``: a mig pod of the scheduler's dynamic MIG (``ModeChoice.dynamic``)."""
+    ``dynamic``: a mig pod of the scheduler's dynamic MIG (``ModeChoice.dynamic``);
+    ``library``: a vgpu pod gets HAMi-core (``Policy.library_for``)."""
     out = Patch()
-    _edits(out, view, requests, mode, policy, injection, whole, dynamic)
+    _edits(out, view, requests, mode, policy, injection, whole, dynamic, library)
     return out
 
 
@@ -550,11 +558,12 @@ def first_missing(
     *,
     whole: bool = False,
     dynamic: bool = False,
+    library: bool = True,
 ) -> PatchOp | None:
     """The first op the mutation would still make, or None when the pod has it all."""
     out = Patch(first_only=True)
     try:
-        _edits(out, view, requests, mode, policy, injection, whole, dynamic)
+        _edits(out, view, requests, mode, policy, injection, whole, dynamic, library)
     except _Enough:
         return out.ops[0]
     return None

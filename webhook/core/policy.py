@@ -153,6 +153,7 @@ SCHEMA: Final[dict[str, Any]] = {
                         "lockHostPath": _ABS_PATH,
                         "coreUtilizationPolicy": {"enum": ["default", "force"]},
                         "allowDisableCoreUtilizationPolicy": {"type": "boolean"},
+                        "withoutLibrary": _STRINGS,
                         # Accepted from older policies and ignored: every container that
                         # asks for no GPU now gets NVIDIA_VISIBLE_DEVICES=void.
                         "hideDevicesFromOtherContainers": {"type": "boolean"},
@@ -386,6 +387,8 @@ class Policy:
     library_host_path: str
     preload_host_path: str
     lock_host_path: str
+    # Sharing resources whose nodes enforce a slice without HAMi-core (vgpu.withoutLibrary).
+    without_library: frozenset[str]
     core_utilization_policy: Literal["default", "force"]
     allow_disable_core_utilization_policy: bool
     mps_pipe_directory: str
@@ -459,6 +462,17 @@ class Policy:
 
     def action(self, rule: str) -> Action:
         return self.actions[rule]
+
+    def library_for(self, requests: PodRequests) -> bool:
+        """A vgpu pod of these requests gets HAMi-core: some sharing resource it asks for is
+        served by nodes that have it (not all are in ``without_library``)."""
+        if not self.without_library:
+            return True
+        for request in requests.containers:
+            for resource in request.sharing_resources:
+                if resource not in self.without_library:
+                    return True
+        return False
 
     def scheduler_for(self, requests: PodRequests, *, mode: Mode) -> str:
         """The scheduler that accounts for the shared GPUs of a pod in ``mode``.
@@ -742,6 +756,7 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         library_host_path=vgpu["libraryHostPath"],
         preload_host_path=vgpu["preloadHostPath"],
         lock_host_path=vgpu["lockHostPath"],
+        without_library=frozenset(vgpu["withoutLibrary"]),
         core_utilization_policy=vgpu["coreUtilizationPolicy"],
         allow_disable_core_utilization_policy=vgpu["allowDisableCoreUtilizationPolicy"],
         mps_pipe_directory=spec["mps"]["pipeDirectory"],

@@ -40,7 +40,13 @@ _TRUTHY: Final = frozenset({"1", "true", "yes", "on", "y", "t"})
 _FALSY: Final = frozenset({"0", "false"})
 # The env switches that turn HAMi-core's enforcement off or loosen it.
 _SWITCHES: Final = frozenset(
-    {"CUDA_DISABLE_CONTROL", "GPU_CORE_UTILIZATION_POLICY", "CUDA_REDIRECT", "ACTIVE_OOM_KILLER"}
+    {
+        "CUDA_DISABLE_CONTROL",
+        "GPU_CORE_UTILIZATION_POLICY",
+        "CUDA_REDIRECT",
+        "ACTIVE_OOM_KILLER",
+        "CGPU_DISABLE",
+    }
 )
 _JUDGED_ENV: Final = frozenset({"NVIDIA_VISIBLE_DEVICES"})
 _GPU_JUDGED_ENV: Final = _JUDGED_ENV | _SWITCHES
@@ -138,6 +144,8 @@ class Subject:
     whole: bool = False
     # A mig pod of the scheduler's dynamic MIG (ModeChoice.dynamic): scheduled as a slice.
     dynamic: bool = False
+    # A vgpu pod gets HAMi-core (Policy.library_for); always True in other modes.
+    library: bool = True
     # A new pod, or a template (whose pods will all be created). Set once: most rules ask.
     created: bool = field(init=False)
 
@@ -473,6 +481,10 @@ def _loosening(name: str, value: str | None, policy: Policy) -> str | None:
             return "makes HAMi-core skip its hooks"
     elif name == "ACTIVE_OOM_KILLER" and (opaque(value) or str(value).strip().lower() in _FALSY):
         return "turns HAMi-core's out-of-memory killer off"
+    elif name == "CGPU_DISABLE" and (opaque(value) or str(value).strip().lower() not in _FALSY):
+        # ACK's device plugin sets it true only where the node's isolation is off
+        # (gpushare-device-plugin allocate.go); from the pod it wins over the plugin's.
+        return "switches ACK's cGPU isolation off"
     return None
 
 
@@ -483,6 +495,9 @@ def limit_tampering(subject: Subject) -> Iterator[Finding]:
         return
     # What the mutation would overwrite is a warning at /mutate; reaching validation
     # with limits above the request means something else set them.
+    # Without HAMi-core (vgpu.withoutLibrary) nothing on the node reads the vGPU limits.
+    if subject.mode == "vgpu" and not subject.library:
+        return
     for request in subject.requests.containers:
         if not request.shares or subject.mode not in ("vgpu", "mps"):
             continue

@@ -25,8 +25,8 @@ tests/e2e/test_celpolicy.py compares the two on generated objects):
   void/none/empty (case and surrounding space ignored).
 - limit-tampering (its env switches only): CUDA_DISABLE_CONTROL truthy,
   GPU_CORE_UTILIZATION_POLICY=disable (unless the policy allows it), CUDA_REDIRECT
-  non-empty, ACTIVE_OOM_KILLER false/0, any of them from valueFrom or with $(VAR), in a
-  GPU pod. Limits above the request stay the webhook's (they need the parsed request).
+  non-empty, ACTIVE_OOM_KILLER false/0, CGPU_DISABLE other than false/0, any of them
+  from valueFrom or with $(VAR), in a GPU pod. Limits above the request stay the webhook's (they need the parsed request).
 - scheduler-bypass: a GPU-sharing pod (or template) in mode vgpu or mps naming a
   scheduler other than the one that accounts for its resources (the policy's
   per-resource schedulerName, else its per-mode one, else its default),
@@ -452,7 +452,19 @@ def variables(policy: Policy) -> list[Obj]:
         {"name": "whole", "expression": _keeps_scheduler(policy)},
         # A pod that keeps its own scheduler for whole GPUs uses no mode.
         {"name": "mode", "expression": "variables.whole ? 'none' : variables.chosenMode"},
+        {"name": "library", "expression": _library(policy)},
     ]
+
+
+def _library(policy: Policy) -> str:
+    """``Policy.library_for`` of a vgpu pod (true in other modes): it asks for a sharing
+    resource that vgpu.withoutLibrary does not list."""
+    if not policy.without_library:
+        return "true"
+    served = asks_test(
+        "c", f"({_sharing_test(policy)}) && !(r in {_list(sorted(policy.without_library))})"
+    )
+    return f"variables.mode != 'vgpu' || variables.containers.exists(c, {served})"
 
 
 def _dynamic_mig(policy: Policy) -> str:
@@ -637,6 +649,7 @@ def loosening(policy: Policy, entry: str) -> str:
         f"{name} == 'CUDA_DISABLE_CONTROL' && ({opaque} || {_stripped_in(value, _TRUTHY)})",
         f"{name} == 'CUDA_REDIRECT' && ({opaque} || {value} != '')",
         f"{name} == 'ACTIVE_OOM_KILLER' && ({opaque} || {_stripped_in(value, _FALSY)})",
+        f"{name} == 'CGPU_DISABLE' && ({opaque} || !({_stripped_in(value, _FALSY)}))",
     ]
     if not policy.allow_disable_core_utilization_policy:
         disable = _stripped_in(value, ("disable",))
@@ -709,6 +722,13 @@ def _same_volume(volume: str, injected: Mapping[str, Any]) -> str:
     )
 
 
+def injects(mode: Mode) -> str:
+    """The pod is in ``mode`` (vgpu or mps) and gets what ``injection_for`` gives it: a vgpu
+    pod only with HAMi-core (``variables.library``)."""
+    test = f"variables.mode == {literal(mode)}"
+    return f"{test} && variables.library" if mode == "vgpu" else test
+
+
 def _injected(policy: Policy, volume: str) -> str:
     """``volume`` is exactly one the mutation injects into this pod (a sharing pod in
     mode vgpu or mps)."""
@@ -720,7 +740,7 @@ def _injected(policy: Policy, volume: str) -> str:
             if "hostPath" in v
         ]
         if exact:
-            by_mode.append(f"(variables.mode == {literal(mode)} && ({' || '.join(exact)}))")
+            by_mode.append(f"({injects(mode)} && ({' || '.join(exact)}))")
     return f"variables.sharing && ({' || '.join(by_mode) or 'false'})"
 
 
@@ -730,7 +750,7 @@ def _read_only_volume(policy: Policy, mount: str) -> str:
     for mode in ("vgpu", "mps"):
         names = sorted(injection_for(mode, policy).read_only_volumes)
         if names:
-            by_mode.append(f"(variables.mode == {literal(mode)} && {mount}.name in {_list(names)})")
+            by_mode.append(f"({injects(mode)} && {mount}.name in {_list(names)})")
     return (
         f"variables.sharing && has({mount}.name) && ({' || '.join(by_mode) or 'false'}) && "
         f"!(has({mount}.readOnly) && {mount}.readOnly == true)"
@@ -1292,9 +1312,14 @@ def _unmutated(policy: Policy) -> str:
         f"(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)})))"
     )
     modes: tuple[Mode, ...] = ("vgpu", "mps")
-    moded = " || ".join(
-        f"(variables.mode == {literal(mode)} && !({_mode_mutated(policy, mode)}))" for mode in modes
+    moded = " || ".join(f"({injects(mode)} && !({_mode_mutated(policy, mode)}))" for mode in modes)
+    # A vgpu pod without HAMi-core: its scheduler, mode annotation and counts.
+    plain = (
+        f"variables.mode == 'vgpu' && !variables.library && !(({_dynamic_mutated(policy)}) && "
+        f"{literal(MODE_ANNOTATION)} in variables.annotations && "
+        f"variables.annotations[{literal(MODE_ANNOTATION)}] == 'vgpu')"
     )
+    moded = f"{moded} || ({plain})"
     whole = f"variables.whole && !({_off_pool(policy)})"
     dynamic = f"variables.dynamicMig && !({_dynamic_mutated(policy)})"
     return (
@@ -1316,8 +1341,9 @@ def _scheduled(policy: Policy) -> str:
 
 
 def _dynamic_mutated(policy: Policy) -> str:
-    """A pod of the scheduler's dynamic MIG holds its scheduler and each sharing container
-    its count resource (nothing else is injected)."""
+    """A pod of the scheduler's dynamic MIG (and, with its mode annotation, a vgpu pod
+    without HAMi-core) holds its scheduler and each sharing container its count resource
+    (nothing else is injected)."""
     spec = "variables.spec"
     containers = (
         f"(has({spec}.containers) ? {spec}.containers : []) + "
@@ -1343,7 +1369,8 @@ MESSAGES: Final[Mapping[str, str]] = {
     "devices, their limits, the node's GPU stack or its accounting; remove it (mount injected "
     "volumes and the GPU stack readOnly), request GPUs in resources.limits",
     "limit-tampering": "an env switch (CUDA_DISABLE_CONTROL, GPU_CORE_UTILIZATION_POLICY, "
-    "CUDA_REDIRECT, ACTIVE_OOM_KILLER) turns GPU limits off or loosens them; remove it",
+    "CUDA_REDIRECT, ACTIVE_OOM_KILLER, CGPU_DISABLE) turns GPU limits off or loosens them; "
+    "remove it",
     "invalid-gpu-request": "a GPU resource is malformed, out of range or in the wrong unit "
     "(memory in MiB or GiB as a plain integer, cores and percentages 1..100, counts 1..64), "
     "asked for twice, or its request differs from its limit; write plain integers in "

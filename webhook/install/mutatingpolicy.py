@@ -311,8 +311,10 @@ def mutation_variables(policy: Policy) -> list[Obj]:
             "name": "wants",
             # A dynamic-MIG pod's sharing containers want no env, only their count.
             "expression": unbind(
-                f"variables.mode in ['vgpu', 'mps'] ? {sharing}.transformMapEntry("
-                f"i, c, {{c.name: {container_wants(policy)}}}) : variables.dynamicMig ? "
+                f"variables.mode == 'mps' || (variables.mode == 'vgpu' && variables.library) ? "
+                f"{sharing}.transformMapEntry("
+                f"i, c, {{c.name: {container_wants(policy)}}}) : "
+                "variables.dynamicMig || variables.mode == 'vgpu' ? "
                 f"{sharing}.transformMapEntry(i, c, {{c.name: {container_wants(policy)}"
                 ".filter(w, false)}) : {}"
             ),
@@ -358,17 +360,14 @@ def _injected(
 ) -> str:
     """The volumes or mounts (``items`` of the injection) of the object's mode, as
     ApplyConfiguration literals of ``type_name``."""
-    return _by_mode(
-        {
-            mode: "["
-            + ", ".join(
-                _object_literal(type_name, item) for item in items(injection_for(mode, policy))
-            )
-            + "]"
-            for mode in ("vgpu", "mps")
-        },
-        "[]",
-    )
+    by_mode = {
+        mode: "["
+        + ", ".join(_object_literal(type_name, item) for item in items(injection_for(mode, policy)))
+        + "]"
+        for mode in ("vgpu", "mps")
+    }
+    by_mode["vgpu"] = f"(variables.library ? {by_mode['vgpu']} : [])"
+    return _by_mode(by_mode, "[]")
 
 
 def _containers_apply(kind: str, shape: _Shape, policy: Policy) -> str:
@@ -627,7 +626,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
     )
     patch = _by_mode(
         {
-            "vgpu": _removals(policy, "vgpu"),
+            "vgpu": f"(variables.library ? {_removals(policy, 'vgpu')} : [])",
             "mps": f"{_removals(policy, 'mps')} + {_node_selector(policy)}",
         },
         _pool_ops(policy),
