@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from tests.core import strategies
 from tests.core.strategies import (
+    CLASS_RESOURCES,
     IDENTITIES,
     NODE_SELECTORS,
     SCHEDULERS,
@@ -480,19 +481,6 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         },
         "forged-allocation",
     ),
-    "claim-beside-slice": (
-        _pod(
-            "p",
-            _c(
-                resources={
-                    "limits": {"nvidia.com/gpumem": "3000"},
-                    "claims": [{"name": "gpu"}],
-                }
-            ),
-            resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
-        ),
-        "gpu-claim",
-    ),
     "dra-class-resource": (
         _pod(
             "p",
@@ -587,6 +575,13 @@ ADMITTED: Final[dict[str, Obj]] = {
         **_pod("p", _c()),
         "metadata": {"name": "p", "annotations": {"hami.io/vgpu-mode": "x", "team": "ml"}},
     },
+    # A claim beside slices: its device class (here a ComputeDomain's IMEX channel) is
+    # known only to the webhook's cluster view.
+    "claim-beside-slice": _pod(
+        "p",
+        _c(resources={"limits": {"nvidia.com/gpu": "4"}, "claims": [{"name": "channel"}]}),
+        resourceClaims=[{"name": "channel", "resourceClaimTemplateName": "imex-channel"}],
+    ),
     # What the mutation injects, exactly, is not host-device-access.
     "mutated-vgpu": _mutated(_pod("p", _c())),
     "mutated-mps": _mutated(_pod("p", _c(), nodeSelector={"ack.node.gpu.schedule": "mps"})),
@@ -724,7 +719,18 @@ SOURCES: Final[dict[str, tuple[str, Obj, str | None]]] = {
         _source("ResourceClaim", spec=_claim_spec("fpga.example.com")),
         None,
     ),
+    "device-class-serving-gpumem": (
+        "DeviceClass",
+        _source("DeviceClass", spec={"extendedResourceName": "nvidia.com/gpumem"}),
+        "gpu-claim",
+    ),
     "device-class-plain": ("DeviceClass", _source("DeviceClass", spec={}), None),
+    # A MIG instance served by DRA is no slice.
+    "device-class-serving-mig": (
+        "DeviceClass",
+        _source("DeviceClass", spec={"extendedResourceName": "nvidia.com/mig-1g.12gb"}),
+        None,
+    ),
 }
 
 
@@ -878,8 +884,12 @@ def mutation_edits(draw: st.DrawFn, policy: Policy, namespace: str) -> tuple[str
             )
             container.setdefault("env", []).append({"name": name, "value": "3000m"})
         elif edit == "claim":
+            # A claim beside the slices (its class is the cluster view's to judge) and a
+            # GPU class asked for by its extended resource (gpu-claim without a view).
             spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
-            container.setdefault("resources", {})["claims"] = [{"name": "gpu"}]
+            resources = container.setdefault("resources", {})
+            resources["claims"] = [{"name": "gpu"}]
+            resources.setdefault("limits", {})[CLASS_RESOURCES[0]] = "1"
         elif edit == "resource":
             limits = (container.get("resources") or {}).get("limits") or {}
             requests = (container.get("resources") or {}).get("requests") or {}

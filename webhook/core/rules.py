@@ -539,23 +539,21 @@ def _class_resources(spec: Mapping[str, Any], policy: Policy) -> list[tuple[str,
 
 def gpu_claims(subject: Subject, policy: Policy) -> Iterator[Finding]:
     """A pod asking DRA for a GPU device class by its extended resource outside the
-    namespaces that may claim GPUs, and a pod that takes a DRA claim beside GPU-sharing
-    resources (the claim's devices are outside the sharing ledger)."""
-    spec = subject.view.spec
-    if policy.gpu_class_resources and not match_any(subject.namespace, policy.claim_namespaces):
-        for label, device_class in _class_resources(spec, policy):
-            yield Finding(
-                "gpu-claim",
-                f"{label}: {DEVICE_CLASS_RESOURCE}{device_class} asks DRA for whole GPUs the "
-                "sharing scheduler never counts; request GPU slices in resources.limits",
-            )
-    # A container's resources.claims must name one of the pod's (the apiserver refuses
-    # it otherwise): the pod's list says whether any container takes a claim.
-    if subject.requests.sharing and spec.get("resourceClaims"):
+    namespaces that may claim GPUs.
+
+    A claim beside GPU-sharing resources is judged by its device class, which only the
+    cluster view knows (:func:`webhook.core.context.claimed_gpus`): from the pod spec
+    alone a claim on the IMEX channel of a ComputeDomain looks like one on whole GPUs,
+    and the claim itself was judged when it was written (:mod:`webhook.core.objects`).
+    """
+    if not policy.gpu_class_resources or match_any(subject.namespace, policy.claim_namespaces):
+        return
+    for label, device_class in _class_resources(subject.view.spec, policy):
         yield Finding(
             "gpu-claim",
-            "a pod with GPU-sharing resources also takes a resource claim; ask for GPUs one "
-            "way: the sharing resources or a claim",
+            f"{label}: {DEVICE_CLASS_RESOURCE}{device_class} asks DRA for whole GPUs the "
+            f"sharing scheduler never counts, and namespace {quoted(subject.namespace)} is "
+            "not in the policy's dra.allowedNamespaces; claim GPUs in a namespace listed there",
         )
 
 

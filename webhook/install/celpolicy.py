@@ -1235,9 +1235,9 @@ MESSAGES: Final[Mapping[str, str]] = {
     "remove spec.schedulerName",
     "forged-allocation": "annotations reserved to the GPU scheduler and device plugin were "
     "written, changed or removed; remove them",
-    "gpu-claim": "a pod takes a resource claim beside GPU-sharing resources, or asks DRA for a GPU "
-    "device class outside the namespaces that may claim GPUs; request GPU slices in "
-    "resources.limits",
+    "gpu-claim": "a pod asks DRA for a GPU device class (deviceclass.resource.kubernetes.io/) in a "
+    "namespace that is not in the policy's dra.allowedNamespaces; claim GPUs in a namespace "
+    "listed there",
     "unmutated-gpu-pod": "a GPU-sharing pod lacks the settings the gpushare mutation gives it "
     "(its limits, preload, mounts, scheduler, void for GPU-less containers) or they were "
     "changed after it; is the gpushare mutation (webhook or MutatingAdmissionPolicy) in place?",
@@ -1302,16 +1302,15 @@ def _scheduler(policy: Policy) -> str:
 
 def _claims(policy: Policy) -> str:
     """gpu-claim of a pod (or template): a GPU device class asked for by its extended
-    resource outside the namespaces that may claim GPUs; a claim beside sharing resources."""
-    spec, containers = "variables.spec", "variables.containers"
-    # A container's resources.claims must name one of the pod's: the pod's list says it.
-    taken = f"has({spec}.resourceClaims) && size({spec}.resourceClaims) > 0"
-    terms = [f"variables.sharing && ({taken})"]
-    if policy.gpu_device_classes:
-        classes = sorted(DEVICE_CLASS_RESOURCE + c for c in policy.gpu_device_classes)
-        allowed = _glob_test("request.namespace", policy.claim_namespaces)
-        terms.append(f"!({allowed}) && {_requests(containers, f'r in {_list(classes)}')}")
-    return f"!(variables.created && ({' || '.join(f'({t})' for t in terms)}))"
+    resource outside the namespaces that may claim GPUs. A claim beside sharing resources
+    is the webhook's with the cluster view (``context.claimed_gpus``): only the view knows
+    the claim's device class."""
+    if not policy.gpu_device_classes:
+        return "true"
+    classes = sorted(DEVICE_CLASS_RESOURCE + c for c in policy.gpu_device_classes)
+    allowed = _glob_test("request.namespace", policy.claim_namespaces)
+    asked = _requests("variables.containers", f"r in {_list(classes)}")
+    return f"!(variables.created && !({allowed}) && {asked})"
 
 
 def _forged_in(ledger: Ledger) -> str:
@@ -1471,12 +1470,12 @@ def _claim_expression(policy: Policy) -> str:
     if not policy.gpu_device_classes:
         claims = "false"
     allowed = _glob_test("request.namespace", policy.claim_namespaces)
+    # The sharing resources only: a MIG resource served by DRA is no slice.
     name = "object.spec.extendedResourceName"
-    served = [f"{name} in {_list(sorted(policy.gpu_resources))}"] if policy.gpu_resources else []
-    served.extend(f"{name}.startsWith({literal(p)})" for p in sorted(set(policy.mig_prefixes)))
+    served = f"{name} in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else "false"
     device_class = (
         f"request.kind.kind == {literal(DEVICE_CLASS)} && has(object.spec) && "
-        f"has({name}) && ({' || '.join(served) or 'false'})"
+        f"has({name}) && {served}"
     )
     return f"!((!({allowed}) && ({claims})) || ({device_class}))"
 
@@ -1552,9 +1551,10 @@ SOURCE_MESSAGES: Final[Mapping[str, str]] = {
     "raw-visible-devices": "a ConfigMap or Secret may not hold NVIDIA_VISIBLE_DEVICES, "
     "CUDA_VERSION, a HAMi-core switch or limit as a key: envFrom would hand it to containers "
     "unjudged; remove the key and set what a pod needs in its own env",
-    "gpu-claim": "a claim on a GPU device class outside the namespaces that may claim GPUs, or a "
-    "DeviceClass serving a GPU-sharing resource, hands out GPUs the sharing scheduler never "
-    "counts; request GPU slices in resources.limits",
+    "gpu-claim": "a claim on a GPU device class in a namespace that is not in the policy's "
+    "dra.allowedNamespaces, or a DeviceClass serving a GPU-sharing resource, hands out GPUs the "
+    "sharing scheduler never counts; claim GPUs in a namespace listed there, and serve no "
+    "sharing resource from a DeviceClass",
 }
 
 
