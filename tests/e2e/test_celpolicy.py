@@ -493,6 +493,11 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
     ),
     # What the core reads with the quantity parser: units, ranges, requests and limits.
     "gpumem-gibibytes": (_pod("p", _asks({"nvidia.com/gpumem": "3Gi"})), "invalid-gpu-request"),
+    "gib-above-the-mib-maximum": (
+        _pod("p", _asks({"aliyun.com/gpu-mem": "524289"})),
+        "invalid-gpu-request",
+    ),
+    "gib-bytes": (_pod("p", _asks({"aliyun.com/gpu-mem": "17066622976"})), "invalid-gpu-request"),
     "gpumem-bytes": (
         _pod("p", _asks({"nvidia.com/gpumem": "3221225472"})),
         "invalid-gpu-request",
@@ -575,6 +580,9 @@ ADMITTED: Final[dict[str, Obj]] = {
         **_pod("p", _c()),
         "metadata": {"name": "p", "annotations": {"hami.io/vgpu-mode": "x", "team": "ml"}},
     },
+    # A GiB resource above 1024 is read as MiB (ACK's MiB unit), with a warning.
+    "ack-mib": _pod("p", _asks({"aliyun.com/gpu-mem": "16276"})),
+    "ack-mib-mps": _pod("p", _asks({"aliyun.com/gpu-mem": "16276"}), nodeSelector=_MPS),
     # A claim beside slices: its device class (here a ComputeDomain's IMEX channel) is
     # known only to the webhook's cluster view.
     "claim-beside-slice": _pod(

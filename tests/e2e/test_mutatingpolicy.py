@@ -223,7 +223,11 @@ _STACKS: Final[Mapping[str, Mapping[str, tuple[int, ...]]]] = {
         "nvidia.com/gpumem-percentage": (25, 50),
         "nvidia.com/gpucores": (50,),
     },
-    "ack": {"aliyun.com/gpu-mem": (1, 7, 16), "aliyun.com/gpu-core.percentage": (20, 50)},
+    # Above 1024 a GiB value is read as MiB (ACK's MiB unit).
+    "ack": {
+        "aliyun.com/gpu-mem": (1, 7, 16, 1024, 1025, 16276),
+        "aliyun.com/gpu-core.percentage": (20, 50),
+    },
     "volcano": {
         "volcano.sh/vgpu-number": (1, 2),
         "volcano.sh/vgpu-memory": (2048, 8000),

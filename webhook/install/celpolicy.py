@@ -54,7 +54,8 @@ tests/e2e/test_celpolicy.py compares the two on generated objects):
   quantities (CEL's ``isQuantity``/``quantity()`` on the canonical text the apiserver
   hands admission): a GPU resource in requests but not limits, or whose request is
   another quantity than its limit; a value outside its unit's range (counts and MIG
-  instances 1..64, MiB 1..512 Gi, GiB 1..1024, percentages 1..100), with a binary
+  instances 1..64, MiB 1..512 Gi, GiB 1..1024 and above that MiB up to 512 Gi,
+  percentages 1..100), with a binary
   suffix or a fraction; a priority that is no integer; memory asked twice.
 - mode-conflict: in the mode chosen as above, a mode annotation whose value is no mode
   (before the first that is one), MIG and shared-GPU resources in one container, MIG in
@@ -802,7 +803,8 @@ def _units(policy: Policy) -> list[tuple[str, int, int]]:
     for names, high in (
         (policy.count_resources, MAX_COUNT),
         (policy.memory_mib_resources, MAX_MIB),
-        (policy.memory_gib_resources, MAX_GIB),
+        # Above MAX_GIB, up to MAX_MIB, a GiB value is read as MiB (resources._RANGES).
+        (policy.memory_gib_resources, MAX_MIB),
         (policy.memory_percentage_resources | policy.cores_resources, 100),
     ):
         if names:
@@ -857,9 +859,11 @@ def _ask(policy: Policy, c: str, *, init: bool = False, only: Iterable[str] = ()
     counts = f"{_asked(policy.count_resources)}.map(r, {_amount(_ASKED, 1, MAX_COUNT)})"
     gpus = f"[{counts}].map(x, size(x) > 0 && x[size(x) - 1] > 0 ? x[size(x) - 1] : 1)[0]"
     mib = sorted(policy.memory_mib_resources)
+    # A GiB value above MAX_GIB is MiB (resources._read_sharing).
+    gib = f"[{_amount(_ASKED, 1, MAX_GIB, 1024)}].map(x, x > 0 ? x : {_amount(_ASKED, MAX_GIB + 1, MAX_MIB)})[0]"
     memory = (
         f"{_asked(policy.memory_resources)}.map(r, r in {_list(mib)} ? "
-        f"{_amount(_ASKED, 1, MAX_MIB)} : {_amount(_ASKED, 1, MAX_GIB, 1024)}).filter(x, x > 0)"
+        f"{_amount(_ASKED, 1, MAX_MIB)} : {gib}).filter(x, x > 0)"
     )
     cores = f"{_asked(policy.cores_resources)}.map(r, {_amount(_ASKED, 1, 100)})"
     percentage = f"{_asked(policy.memory_percentage_resources)}.map(r, {_amount(_ASKED, 1, 100)})"
