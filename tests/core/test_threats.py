@@ -348,7 +348,68 @@ def test_read_only_host_path_of_the_gpu_stack_is_allowed(path: str) -> None:
     assert_clean(review(obj))
 
 
-@pytest.mark.parametrize("path", ["/usr/share/fonts", "/opt/models", "/usr/libexec", "/sysroot"])
+# The driver roots of the default policy (hostPaths.driverRoots), their insides and the
+# directories above them: GKE's COS and Ubuntu installers, the GPU Operator's driver
+# container, the toolkit's install directory.
+DRIVER_PATHS: Final = [
+    "/home/kubernetes/bin/nvidia",
+    "/home/kubernetes/bin/nvidia/lib64",
+    "/home/kubernetes/bin/nvidia/bin/nvidia-smi",
+    "/home/kubernetes//bin/nvidia/",
+    "/home/kubernetes/bin",
+    "/home",
+    "/var/lib/nvidia/lib64",
+    "/run/nvidia/driver/usr/lib",
+    "/usr/local/nvidia/toolkit",
+]
+
+
+@pytest.mark.parametrize("path", DRIVER_PATHS)
+@pytest.mark.parametrize("gpu_pod", [True, False], ids=["gpu-pod", "plain-pod"])
+def test_writable_host_path_of_a_driver_root_is_refused(path: str, gpu_pod: bool) -> None:
+    app = gpu if gpu_pod else functools.partial(container, "app")
+    obj = pod(app(mounts=[mount("driver", "/host")]), volumes=[host_volume("driver", path)])
+    assert_refused(review(obj), "host-device-access")
+
+
+# /run/nvidia holds device state: protected even read-only.
+@pytest.mark.parametrize("path", [p for p in DRIVER_PATHS if not p.startswith("/run/")])
+def test_read_only_host_path_of_a_driver_root_is_allowed(path: str) -> None:
+    obj = pod(
+        container("app", mounts=[mount("driver", "/host", read_only=True)]),
+        volumes=[host_volume("driver", path)],
+    )
+    assert_clean(review(obj))
+
+
+def test_driver_roots_are_the_policys() -> None:
+    own = policy_with("  hostPaths: {driverRoots: [/opt/drivers/nvidia/]}")
+    written = pod(
+        container("app", mounts=[mount("driver", "/host")]),
+        volumes=[host_volume("driver", "/opt/drivers/nvidia/lib")],
+    )
+    assert_clean(review(written))
+    assert_refused(review(written, own), "host-device-access")
+    # A list of its own replaces the default's.
+    gke = pod(
+        container("app", mounts=[mount("driver", "/host")]),
+        volumes=[host_volume("driver", "/home/kubernetes/bin/nvidia")],
+    )
+    assert_clean(review(gke, own))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/usr/share/fonts",
+        "/opt/models",
+        "/usr/libexec",
+        "/sysroot",
+        "/home/kubernetes/bin/other",
+        "/home/alice",
+        "/var/lib/nvidia-backup",
+    ],
+)
 def test_writable_host_paths_beside_the_gpu_stack_are_allowed(path: str) -> None:
     obj = pod(
         container("app", mounts=[mount("data", "/data")]), volumes=[host_volume("data", path)]

@@ -459,6 +459,14 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         ),
         "host-device-access",
     ),
+    "gke-driver-writable": (
+        _pod(
+            "p",
+            _c(gpu=False, volumeMounts=[{"name": "d", "mountPath": "/d"}]),
+            volumes=[{"name": "d", "hostPath": {"path": "/home/kubernetes/bin/nvidia"}}],
+        ),
+        "host-device-access",
+    ),
     "driver-library-writable": (
         _pod(
             "p",
@@ -1322,6 +1330,11 @@ _HOST_PATHS: Final = (
     "/run/mps-pipe/x",
     "/var/lib/kubelet-backup",
     "/opt/models",
+    # Driver roots (the default's GKE one, HOST_PATHS' own), above and beside them.
+    "/home/kubernetes/bin/nvidia/lib64",
+    "/home/kubernetes",
+    "/home/kubernetes/bin/other",
+    "/opt/drv/nvidia/x",
 )
 _CHANGES: Final = (
     "none",

@@ -285,6 +285,7 @@ spec:
     mode: allowlist
     allowed: [/data/, /mnt/datasets, /srv]
     protected: [/srv/gpu//secrets/, /home/shared]
+    driverRoots: [/opt/drv//nvidia/, /home/kubernetes/bin/nvidia]
 """
 )
 
@@ -302,6 +303,9 @@ def test_host_device_access_renders_the_policys_paths() -> None:
     assert 'startsWith("/data/")' in expression and 'startsWith("/srv/")' in expression
     # The preload file is injected, so exempt when exact.
     assert '"/opt/vgpu/lib/ld.so.preload"' in expression
+    # Driver roots normalised, with the directories above them.
+    for text in ('startsWith("/opt/drv/nvidia/")', '"/opt/drv"', '"/home/kubernetes/bin"'):
+        assert text in expression
 
 
 def test_host_device_access_in_denylist_mode_has_no_allow_list() -> None:

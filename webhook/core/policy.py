@@ -11,6 +11,7 @@ import copy
 import fnmatch
 import hashlib
 import json
+import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -233,6 +234,7 @@ SCHEMA: Final[dict[str, Any]] = {
                         "mode": {"enum": ["denylist", "allowlist"]},
                         "allowed": {"type": "array", "items": _ABS_PATH},
                         "protected": {"type": "array", "items": _ABS_PATH},
+                        "driverRoots": {"type": "array", "items": _ABS_PATH},
                     },
                 },
                 "exemptions": {
@@ -376,6 +378,9 @@ class Policy:
     host_path_mode: Literal["denylist", "allowlist"]
     allowed_host_paths: tuple[str, ...]
     protected_host_paths: tuple[str, ...]
+    # Where the node's NVIDIA driver is installed (normalised): written, in any pod, it
+    # changes what every GPU container on the node runs (host-device-access).
+    driver_roots: tuple[str, ...]
     container_maxima: Maxima
     pod_maxima: Maxima
     spec: Mapping[str, Any] = field(repr=False, compare=False)
@@ -489,6 +494,12 @@ class Policy:
         return (
             key.startswith(self.reserved_prefixes) and self.reserved_pattern.match(key) is not None
         )
+
+
+def normalised(path: str) -> str:
+    """An absolute path with ``//``, ``.``, ``..`` and trailing slashes resolved."""
+    # Rooted before normalising: "." or "dev/.." would otherwise become "/.", not "/".
+    return "/" + posixpath.normpath("/" + path).lstrip("/")
 
 
 def match_any(value: str, patterns: Iterable[str]) -> bool:
@@ -732,6 +743,7 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         host_path_mode=spec["hostPaths"]["mode"],
         allowed_host_paths=tuple(spec["hostPaths"]["allowed"]),
         protected_host_paths=tuple(spec["hostPaths"]["protected"]),
+        driver_roots=tuple(dict.fromkeys(normalised(p) for p in spec["hostPaths"]["driverRoots"])),
         container_maxima=_maxima(limits["perContainer"]),
         pod_maxima=_maxima(limits["perPod"]),
         spec=spec,

@@ -18,6 +18,7 @@ from webhook.core.policy import (
     Mode,
     Policy,
     match_any,
+    normalised,
 )
 from webhook.core.resources import (
     CONTAINER_KINDS,
@@ -151,12 +152,6 @@ def node_name_pinning(subject: Subject) -> Iterator[Finding]:
         )
 
 
-def normalised(path: str) -> str:
-    """An absolute path with ``//``, ``.``, ``..`` and trailing slashes resolved."""
-    # Rooted before normalising: "." or "dev/.." would otherwise become "/.", not "/".
-    return "/" + posixpath.normpath("/" + path).lstrip("/")
-
-
 def _within(path: str, roots: Iterable[str]) -> bool:
     """``path`` is one of ``roots`` or lies below one."""
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
@@ -202,9 +197,14 @@ def _written(spec: Mapping[str, Any]) -> set[str]:
     return names
 
 
-def _stack(path: str) -> bool:
-    """``path`` (normalised) is, lies in or contains the host's GPU stack."""
-    return _contains(path, STACK_ROOTS) or posixpath.basename(path).startswith(STACK_FILE_PREFIXES)
+def _stack(path: str, policy: Policy) -> bool:
+    """``path`` (normalised) is, lies in or contains the host's GPU stack, or one of the
+    policy's driver roots (``hostPaths.driverRoots``)."""
+    return (
+        _contains(path, STACK_ROOTS)
+        or _contains(path, policy.driver_roots)
+        or posixpath.basename(path).startswith(STACK_FILE_PREFIXES)
+    )
 
 
 def _host_path_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
@@ -241,13 +241,14 @@ def _host_path_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                 f'volume "{name}": hostPath {raw} holds the GPU runtime\'s configuration; '
                 "mount it readOnly",
             )
-        elif _stack(path) and name in (
+        elif _stack(path, policy) and name in (
             written if written is not None else (written := _written(subject.view.spec))
         ):
             yield Finding(
                 "host-device-access",
                 f'volume "{name}": hostPath {raw} holds the node\'s GPU stack (sysfs, the '
-                "driver's libraries and tools); mount it readOnly",
+                "driver's libraries and tools, the policy's hostPaths.driverRoots); mount it "
+                "readOnly",
             )
         elif allowlist and not _within(path, policy.allowed_host_paths):
             yield Finding(

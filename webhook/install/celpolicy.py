@@ -39,7 +39,8 @@ tests/e2e/test_celpolicy.py compares the two on generated objects):
 - host-device-access: hostPath volumes (any pod) that are protected (device nodes and
   their parents, the kubelet's state, /proc, runtime sockets, the libvgpu, lock and MPS
   pipe directories, the policy's protected paths, and the directories above them), that
-  hold the GPU runtime's configuration and are mounted writable, or (allowlist mode, GPU
+  hold the GPU runtime's configuration or the GPU stack (the driver's libraries and tools,
+  sysfs, the policy's hostPaths.driverRoots) and are mounted writable, or (allowlist mode, GPU
   pods) that lie outside the allowed paths, unless the volume is exactly one the
   mutation injects into this pod; mounts of the injected shared volumes without
   readOnly; mountPaths under /var/run/nvidia-container-devices; ``cdi.k8s.io/``
@@ -131,6 +132,7 @@ from webhook.core.policy import (
     Ledger,
     Mode,
     Policy,
+    normalised,
 )
 from webhook.core.resources import CONTAINER_KINDS, MAX_COUNT, MAX_GIB, MAX_MIB
 from webhook.core.rules import (
@@ -142,7 +144,6 @@ from webhook.core.rules import (
     STACK_FILE_PREFIXES,
     STACK_ROOTS,
     SYS_ADMIN,
-    normalised,
 )
 from webhook.core.workload import KINDS_BY_PATH
 from webhook.install.scope import literal
@@ -665,7 +666,7 @@ def _host_paths(policy: Policy, containers: str, gpu: str, spec: str) -> str:
     checks = [
         _protected(policy, "p"),
         f"({_reaching('p', _CONFIG_ROOTS, parents=True)}) && {_writes(containers, 'v.name')}",
-        f"({_reaching('p', STACK_ROOTS, parents=True)} || "
+        f"({_reaching('p', (*STACK_ROOTS, *policy.driver_roots), parents=True)} || "
         f"{_list(STACK_FILE_PREFIXES)}.exists(f, p.substring(p.lastIndexOf('/') + 1)"
         f".startsWith(f))) && {_writes(containers, 'v.name')}",
     ]
