@@ -364,6 +364,11 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         "limit-tampering",
     ),
     "scheduler": (_pod("p", _c(), schedulerName="my-scheduler"), "scheduler-bypass"),
+    # Volcano's GPU-share memory is counted by volcano alone.
+    "scheduler-volcano-gpushare": (
+        _pod("p", _asks({"volcano.sh/gpu-memory": "2048"}), schedulerName="hami-scheduler"),
+        "scheduler-bypass",
+    ),
     "scheduler-mps": (
         {
             **_pod("p", _c(), schedulerName="volcano"),
@@ -590,6 +595,8 @@ ADMITTED: Final[dict[str, Obj]] = {
     },
     # A GiB resource above 1024 is read as MiB (ACK's MiB unit), with a warning.
     "ack-mib": _pod("p", _asks({"aliyun.com/gpu-mem": "16276"})),
+    # Volcano's GPU-share memory: MiB, no count implied.
+    "volcano-gpushare": _pod("p", _asks({"volcano.sh/gpu-memory": "2048"})),
     "ack-mib-mps": _pod("p", _asks({"aliyun.com/gpu-mem": "16276"}), nodeSelector=_MPS),
     # A claim beside slices: its device class (here a ComputeDomain's IMEX channel) is
     # known only to the webhook's cluster view.

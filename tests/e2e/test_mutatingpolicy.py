@@ -233,6 +233,8 @@ _STACKS: Final[Mapping[str, Mapping[str, tuple[int, ...]]]] = {
         "volcano.sh/vgpu-memory": (2048, 8000),
         "volcano.sh/vgpu-cores": (25,),
     },
+    # Volcano's older GPU-share device: MiB, no count.
+    "volcano-gpushare": {"volcano.sh/gpu-memory": (1024, 2048, 11178)},
     "mig": {"nvidia.com/mig-1g.5gb": (1, 2)},
 }
 

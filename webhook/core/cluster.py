@@ -41,7 +41,7 @@ MIG_PREFIX: Final = "nvidia.com/mig-"
 # Extended resources that carry GPU capacity or GPU quota; everything else on a node
 # (cpu, memory, pods, hugepages) is of no interest to a GPU decision.
 _GPU_RESOURCE: Final = re.compile(
-    r"(?:nvidia\.com/(?:gpu|mig-|vgpu)|aliyun\.com/gpu|volcano\.sh/vgpu|hami\.io/|"
+    r"(?:nvidia\.com/(?:gpu|mig-|vgpu)|aliyun\.com/gpu|volcano\.sh/(?:vgpu|gpu-)|hami\.io/|"
     r"nvidia\.com/gpumem|nvidia\.com/gpucores|nvidia\.com/priority)"
 )
 _QUOTA_SCOPE: Final = re.compile(r"(?:limits\.|requests\.)?(?P<resource>.*)")

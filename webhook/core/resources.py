@@ -292,12 +292,11 @@ def read_container(
 
 
 def _implied_count_resource(names: list[str], policy: Policy) -> str | None:
-    """The count resource of the same vendor domain as the slice resources, if the policy has one."""
+    """The count resource the first of the slice resources implies (``Policy.implied_counts``)."""
     for resource in names:
-        domain = resource.split("/", 1)[0] + "/"
-        for count in sorted(policy.count_resources):
-            if count.startswith(domain):
-                return count
+        count = policy.implied_counts.get(resource)
+        if count is not None:
+            return count
     return None
 
 

@@ -1129,12 +1129,7 @@ def _implied(policy: Policy) -> str:
     mutation adds the count (``implied_count_resource``) where it is missing, and no count
     is anywhere, so something is missing."""
     counts = sorted(policy.count_resources)
-    sources = sorted(
-        r
-        for r in _slices(policy)
-        if r not in policy.count_resources
-        and any(n.startswith(r.split("/", 1)[0] + "/") for n in counts)
-    )
+    sources = sorted(policy.implied_counts)
     if not sources:
         return "false"
     asked = "exists(r, r in L || r in R)"

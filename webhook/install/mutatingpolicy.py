@@ -246,14 +246,7 @@ def container_wants(policy: Policy) -> str:
 def _implied(policy: Policy) -> str:
     """The count resource that ``c``, asking only for memory or cores, implies
     (``ContainerRequest.implied_count_resource``), or ''."""
-    implied: dict[str, str] = {}
-    for resource in sorted(policy.gpu_resources - policy.count_resources):
-        if resource.startswith(policy.mig_prefixes):
-            continue
-        domain = resource.split("/", 1)[0] + "/"
-        counts = sorted(c for c in policy.count_resources if c.startswith(domain))
-        if counts:
-            implied[resource] = counts[0]
+    implied = dict(sorted(policy.implied_counts.items()))
     if not implied:
         return "''"
     table = "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in implied.items()) + "}"
