@@ -12,6 +12,7 @@ from webhook.core.cluster import (
     HAMI_REGISTER,
     Card,
     ClusterView,
+    claim_facts,
     config_map_data,
     hami_cards,
     mig_memory_mib,
@@ -269,6 +270,34 @@ def test_view_from_a_list_and_documents() -> None:
     assert [q.name for q in view.quotas["team-a"]] == ["q"]
     with_secrets = view_from_objects(objects, secrets=True)
     assert with_secrets.secrets == {("team-a", "s"): {"Y": "2"}}
+
+
+def test_claims_and_templates_are_kept_as_their_device_classes() -> None:
+    def requests(*classes: str) -> dict[str, Any]:
+        return {
+            "devices": {
+                "requests": [
+                    {"name": "a", "exactly": {"deviceClassName": classes[0]}},
+                    {"name": "b", "firstAvailable": [{"deviceClassName": c} for c in classes]},
+                ]
+            }
+        }
+
+    claim = {
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": "ml"},
+        "spec": requests("mig.nvidia.com", "gpu.nvidia.com"),
+    }
+    template = {
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "t", "namespace": "ml"},
+        "spec": {"spec": requests("compute-domain-default-channel.nvidia.com")},
+    }
+    assert claim_facts(claim) == ("gpu.nvidia.com", "mig.nvidia.com")
+    assert claim_facts({"kind": "ResourceClaim", "spec": "x"}) == ()
+    view = view_from_objects([{"kind": "List", "items": [claim, template]}])
+    assert view.resource_claims == {("ml", "c"): ("gpu.nvidia.com", "mig.nvidia.com")}
+    assert view.claim_templates == {("ml", "t"): ("compute-domain-default-channel.nvidia.com",)}
 
 
 def test_an_empty_view_is_unsynced_and_its_cache_is_not_its_value() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Any
+from typing import Any, Final
 
 import jsonpatch
 import pytest
@@ -147,6 +147,48 @@ def test_ack_mps_job_gets_host_ipc_and_pinned_memory_in_mib() -> None:
     assert spec["containers"][0]["volumeMounts"] == [
         {"name": "gpushare-mps-pipe", "mountPath": "/tmp/nvidia-mps", "readOnly": True}
     ]
+
+
+# ACK's gpushare extender counts aliyun.com/gpu-mem in MiB where its device plugin
+# reports MiB (AliyunContainerService/gpushare-scheduler-extender docs/designs/designs.md:
+# "a single device 16GiB memory, its corresponding resource is 16276MiB").
+ACK_MIB: Final = {"aliyun.com/gpu-mem": "16276"}
+
+
+@pytest.mark.parametrize(
+    ("annotations", "variable", "value"),
+    [
+        ({}, "CUDA_DEVICE_MEMORY_LIMIT_0", "16276m"),
+        ({"gpushare.io/mode": "mps"}, "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=16276M"),
+    ],
+)
+def test_a_gib_resource_above_1024_is_read_as_mib_with_a_warning(
+    annotations: dict[str, str], variable: str, value: str
+) -> None:
+    pod = gpu_pod(dict(ACK_MIB))
+    pod["metadata"]["annotations"] = annotations
+    # HAMi-core's limits where the policy gives ACK's resources the library (by default
+    # their vgpu pods get none: vgpu.withoutLibrary).
+    library = policy_with("  vgpu: {withoutLibrary: []}\n")
+    entry = review_object(pod, library)
+    assert entry["allowed"], entry["violations"]
+    assert env_of(entry["object"])[variable] == value
+    (warning,) = [w for w in entry["warnings"] if "read as MiB" in w]
+    assert "aliyun.com/gpu-mem 16276" in warning
+    assert "move it from resources.memoryGiB to memoryMiB" in warning
+    assert [w for w in review_object(pod, DEFAULT_POLICY)["warnings"] if "read as MiB" in w]
+    # 1024 and below stay GiB, without a word.
+    entry = review_object(gpu_pod({"aliyun.com/gpu-mem": "7"}), library)
+    assert env_of(entry["object"])["CUDA_DEVICE_MEMORY_LIMIT_0"] == "7168m"
+    assert entry["warnings"] == []
+    # Declared MiB in the policy, it is MiB without a warning.
+    mib = policy_with(
+        "  resources: {memoryGiB: [], memoryMiB: [aliyun.com/gpu-mem]}\n"
+        "  vgpu: {withoutLibrary: []}\n"
+    )
+    entry = review_object(gpu_pod(dict(ACK_MIB)), mib)
+    assert env_of(entry["object"])["CUDA_DEVICE_MEMORY_LIMIT_0"] == "16276m"
+    assert entry["warnings"] == []
 
 
 def test_mps_pod_gets_node_selector_and_thread_percentage() -> None:
@@ -377,6 +419,13 @@ def test_validation_denies_limits_above_the_request() -> None:
         ({"nvidia.com/gpu": "500m"}, "whole number"),
         ({"nvidia.com/gpumem": "lots"}, "not a quantity"),
         ({"aliyun.com/gpu-mem": "7Gi"}, "GiB as a plain integer"),
+        # Above 1024 a GiB resource is read as MiB (ACK's MiB unit), up to the MiB maximum:
+        # bytes, zero and fractions stay refused.
+        ({"aliyun.com/gpu-mem": "524289"}, "1..1024 GiB, or 1025..524288 read as MiB"),
+        ({"aliyun.com/gpu-mem": "17066622976"}, "1..1024 GiB, or 1025..524288 read as MiB"),
+        ({"aliyun.com/gpu-mem": "16G"}, "1..1024 GiB, or 1025..524288 read as MiB"),
+        ({"aliyun.com/gpu-mem": "0"}, "1..1024 GiB"),
+        ({"aliyun.com/gpu-mem": "1.5"}, "whole number"),
         ({"nvidia.com/gpumem": "1000", "volcano.sh/vgpu-memory": "1000"}, "memory twice"),
     ],
 )

@@ -446,10 +446,8 @@ def family_reasons(pod: Mapping[str, Any]) -> list[str]:
                 reasons.append("gpu-claim")
     if gpu_names and spec.get("hostPID") is True:
         reasons.append("host-device-access")
-    sharing = {n for n in gpu_names if not n.startswith("nvidia.com/mig-")}
-    claims = spec.get("resourceClaims")
-    if sharing and isinstance(claims, list) and claims:
-        reasons.append("gpu-claim")
+    # A claim beside sharing resources blocks only when its device class is a GPU's,
+    # which the pod spec does not say (the cluster view does; tests/core/test_threats.py F8).
     volumes = spec.get("volumes")
     for volume in volumes if isinstance(volumes, list) else []:
         host = volume.get("hostPath") if isinstance(volume, Mapping) else None

@@ -18,6 +18,7 @@ import yaml
 
 from tests.paths import MANIFESTS
 from webhook.core.injection import LIBRARY_PATH
+from webhook.core.injection import MODE_ANNOTATION as MODE
 from webhook.core.review import ReviewEntry, review_object
 from webhook.policies import DEFAULT_POLICY, parse_policy
 
@@ -158,9 +159,11 @@ _ANNOTATED_MPS: Final = {"metadata": {"annotations": {"gpushare.io/mode": "mps"}
         # ACK's cGPU pools: the same resources in vGPU mode stay on ACK's scheduler.
         ({"aliyun.com/gpu-mem": "3"}, {}, "vgpu", None),
         ({"volcano.sh/vgpu-memory": "3000"}, {}, "vgpu", "volcano"),
+        # Volcano's older GPU-share plugin (its deviceshare gpushare device).
+        ({"volcano.sh/gpu-memory": "2048"}, {}, "vgpu", "volcano"),
         ({"nvidia.com/mig-1g.5gb": "1"}, {}, "mig", None),
     ],
-    ids=["hami-vgpu", "hami-mps", "ack-mps", "ack-vgpu", "volcano-vgpu", "mig"],
+    ids=["hami-vgpu", "hami-mps", "ack-mps", "ack-vgpu", "volcano-vgpu", "volcano-gpushare", "mig"],
 )
 def test_scheduler_follows_the_resources_in_every_mode(
     limits: Obj, spec: Obj, mode: str, scheduler: str | None
@@ -169,6 +172,39 @@ def test_scheduler_follows_the_resources_in_every_mode(
     assert entry["allowed"], entry["violations"]
     assert entry["mode"] == mode
     assert pod_spec(entry["object"]).get("schedulerName") == scheduler
+
+
+# volcano-sh/volcano docs/user-guide/how_to_use_gpu_sharing.md: "volcano.sh/gpu-memory:
+# 1024 # requesting 1024MB GPU memory" (VOLCANO_GPU_MEMORY_TOTAL=11178 per card), the
+# resource of pkg/scheduler/api/devices/nvidia/gpushare/type.go (VolcanoGPUResource).
+@pytest.mark.parametrize("limit", ["2Gi", "0", "2147483648"])
+def test_volcano_gpu_memory_is_mib(limit: str) -> None:
+    entry = review(_pod({"volcano.sh/gpu-memory": limit}))
+    assert denials(entry) == ["invalid-gpu-request"]
+    assert "MiB" in entry["violations"][0]["message"]
+
+
+@pytest.mark.parametrize("mode", ["vgpu", "mps"])
+def test_a_volcano_gpushare_pod_gets_its_memory_limit_and_no_count(mode: str) -> None:
+    pod = _pod({"volcano.sh/gpu-memory": "2048"}, metadata={"annotations": {MODE: mode}})
+    entry = review(pod)
+    assert entry["allowed"], entry["violations"]
+    spec = pod_spec(entry["object"])
+    env = env_of(spec["containers"][0])
+    if mode == "vgpu":
+        # Its device plugin (volcano-sh/devices) only picks the card: no HAMi-core there
+        # to read a limit (vgpu.withoutLibrary), and no libvgpu hostPath to miss.
+        assert "CUDA_DEVICE_MEMORY_LIMIT_0" not in env
+        assert "volumes" not in spec
+    else:
+        assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=2048M"
+    # Its plugin counts memory, not cards: no volcano.sh/vgpu-number (another device
+    # plugin's resource, which its nodes lack) is implied.
+    assert spec["containers"][0]["resources"]["limits"] == {"volcano.sh/gpu-memory": "2048"}
+    # Volcano's vGPU resources still imply their count.
+    vgpu = review(_pod({"volcano.sh/vgpu-memory": "3000"}))
+    limits = pod_spec(vgpu["object"])["containers"][0]["resources"]["limits"]
+    assert limits["volcano.sh/vgpu-number"] == "1"
 
 
 def test_default_scheduler_named_by_hand_is_replaced_for_hami_pods_only() -> None:
@@ -191,8 +227,16 @@ def test_default_scheduler_named_by_hand_is_replaced_for_hami_pods_only() -> Non
         ({"aliyun.com/gpu-mem": "3"}, _MPS, "hami-scheduler"),
         ({"aliyun.com/gpu-mem": "3"}, _MPS, "my-scheduler"),
         ({"volcano.sh/vgpu-memory": "3000"}, {}, "hami-scheduler"),
+        ({"volcano.sh/gpu-memory": "2048"}, {}, "hami-scheduler"),
     ],
-    ids=["hami-to-volcano", "hami-mps-to-mine", "ack-to-hami", "ack-to-mine", "volcano-to-hami"],
+    ids=[
+        "hami-to-volcano",
+        "hami-mps-to-mine",
+        "ack-to-hami",
+        "ack-to-mine",
+        "volcano-to-hami",
+        "volcano-gpushare-to-hami",
+    ],
 )
 def test_a_scheduler_that_does_not_account_for_the_resources_is_a_bypass(
     limits: Obj, spec: Obj, named: str

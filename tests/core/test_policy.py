@@ -163,6 +163,7 @@ def test_inherited_entries_for_resources_a_policy_drops_are_moot() -> None:
         "volcano.sh/vgpu-number",
         "volcano.sh/vgpu-memory",
         "volcano.sh/vgpu-memory-percentage",
+        "volcano.sh/gpu-memory",
     }
 
 
@@ -339,3 +340,16 @@ def test_reserved_annotations_match_as_globs(patterns: list[str], key: str, rese
         }
     )
     assert parse_policy(text).is_reserved_annotation(key) is reserved
+
+
+def test_a_slice_implies_the_count_of_its_own_family() -> None:
+    policy = load_policy(None)
+    assert policy.implied_counts == {
+        "nvidia.com/gpucores": "nvidia.com/gpu",
+        "nvidia.com/gpumem": "nvidia.com/gpu",
+        "nvidia.com/gpumem-percentage": "nvidia.com/gpu",
+        "nvidia.com/priority": "nvidia.com/gpu",
+        "volcano.sh/vgpu-cores": "volcano.sh/vgpu-number",
+        "volcano.sh/vgpu-memory": "volcano.sh/vgpu-number",
+        "volcano.sh/vgpu-memory-percentage": "volcano.sh/vgpu-number",
+    }

@@ -24,6 +24,7 @@ from tests.core.test_bypass import (
     GPU_LIMITS,
     MPS,
     SCHEDULER,
+    TENANT,
     VOLCANO_SCHEDULER,
     User,
     annotated,
@@ -44,8 +45,10 @@ from tests.core.test_bypass import (
     workload,
 )
 from tests.paths import EXAMPLES
+from webhook.core.cluster import ClusterView, view_from_objects
 from webhook.core.decision import Request, decide
 from webhook.core.policy import Policy
+from webhook.core.review import review_object
 from webhook.policies import DEFAULT_POLICY, load_policy
 
 Obj = dict[str, Any]
@@ -345,7 +348,68 @@ def test_read_only_host_path_of_the_gpu_stack_is_allowed(path: str) -> None:
     assert_clean(review(obj))
 
 
-@pytest.mark.parametrize("path", ["/usr/share/fonts", "/opt/models", "/usr/libexec", "/sysroot"])
+# The driver roots of the default policy (hostPaths.driverRoots), their insides and the
+# directories above them: GKE's COS and Ubuntu installers, the GPU Operator's driver
+# container, the toolkit's install directory.
+DRIVER_PATHS: Final = [
+    "/home/kubernetes/bin/nvidia",
+    "/home/kubernetes/bin/nvidia/lib64",
+    "/home/kubernetes/bin/nvidia/bin/nvidia-smi",
+    "/home/kubernetes//bin/nvidia/",
+    "/home/kubernetes/bin",
+    "/home",
+    "/var/lib/nvidia/lib64",
+    "/run/nvidia/driver/usr/lib",
+    "/usr/local/nvidia/toolkit",
+]
+
+
+@pytest.mark.parametrize("path", DRIVER_PATHS)
+@pytest.mark.parametrize("gpu_pod", [True, False], ids=["gpu-pod", "plain-pod"])
+def test_writable_host_path_of_a_driver_root_is_refused(path: str, gpu_pod: bool) -> None:
+    app = gpu if gpu_pod else functools.partial(container, "app")
+    obj = pod(app(mounts=[mount("driver", "/host")]), volumes=[host_volume("driver", path)])
+    assert_refused(review(obj), "host-device-access")
+
+
+# /run/nvidia holds device state: protected even read-only.
+@pytest.mark.parametrize("path", [p for p in DRIVER_PATHS if not p.startswith("/run/")])
+def test_read_only_host_path_of_a_driver_root_is_allowed(path: str) -> None:
+    obj = pod(
+        container("app", mounts=[mount("driver", "/host", read_only=True)]),
+        volumes=[host_volume("driver", path)],
+    )
+    assert_clean(review(obj))
+
+
+def test_driver_roots_are_the_policys() -> None:
+    own = policy_with("  hostPaths: {driverRoots: [/opt/drivers/nvidia/]}")
+    written = pod(
+        container("app", mounts=[mount("driver", "/host")]),
+        volumes=[host_volume("driver", "/opt/drivers/nvidia/lib")],
+    )
+    assert_clean(review(written))
+    assert_refused(review(written, own), "host-device-access")
+    # A list of its own replaces the default's.
+    gke = pod(
+        container("app", mounts=[mount("driver", "/host")]),
+        volumes=[host_volume("driver", "/home/kubernetes/bin/nvidia")],
+    )
+    assert_clean(review(gke, own))
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/usr/share/fonts",
+        "/opt/models",
+        "/usr/libexec",
+        "/sysroot",
+        "/home/kubernetes/bin/other",
+        "/home/alice",
+        "/var/lib/nvidia-backup",
+    ],
+)
 def test_writable_host_paths_beside_the_gpu_stack_are_allowed(path: str) -> None:
     obj = pod(
         container("app", mounts=[mount("data", "/data")]), volumes=[host_volume("data", path)]
@@ -607,6 +671,12 @@ CLAIM_ATTACKS: Final[dict[str, Obj]] = {
         "metadata": {"name": "whole-gpus"},
         "spec": {"extendedResourceName": "nvidia.com/gpu"},
     },
+    "device-class-serving-gpumem": {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "whole-gpus"},
+        "spec": {"extendedResourceName": "nvidia.com/gpumem"},
+    },
 }
 
 
@@ -615,14 +685,99 @@ def test_gpu_claims_outside_the_allowed_namespaces_are_refused(attack: str) -> N
     assert_refused(review(CLAIM_ATTACKS[attack]), "gpu-claim")
 
 
-def test_a_vgpu_pod_that_also_takes_a_claim_is_refused() -> None:
-    obj = pod(
-        gpu(resources={"limits": dict(GPU_LIMITS), "claims": [{"name": "gpu"}]}),
-        resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
+# The NVIDIA DRA driver's ComputeDomain: its controller writes a ResourceClaimTemplate
+# on this class (an IMEX channel, no GPU) that pods take beside nvidia.com/gpu
+# (NVIDIA/k8s-dra-driver-gpu, templates/compute-domain-workload-claim-template.tmpl.yaml).
+IMEX_CLASS: Final = "compute-domain-default-channel.nvidia.com"
+
+
+def mixed(source: str = "resourceClaimTemplateName", name: str = "gpu") -> Obj:
+    """A vGPU pod that also takes the claim (or template) ``name``."""
+    return pod(
+        gpu(resources={"limits": dict(GPU_LIMITS), "claims": [{"name": "claim"}]}),
+        resourceClaims=[{"name": "claim", source: name}],
     )
-    assert_refused(review(obj), "gpu-claim")
-    deployment = workload("Deployment", obj)
-    assert_refused(review(deployment), "gpu-claim")
+
+
+def view_of(*objects: Obj) -> ClusterView:
+    """A synced view holding ``objects`` (claims and templates), as ``review --cluster``."""
+    return view_from_objects(objects)
+
+
+def review_in(obj: Obj, cluster: ClusterView, policy: Policy | None = None) -> Any:
+    return review_object(
+        obj,
+        policy or DEFAULT_POLICY,
+        username=TENANT[0],
+        groups=TENANT[1],
+        operation="CREATE",
+        cluster=cluster,
+    )
+
+
+@pytest.mark.parametrize("device_class", ["gpu.nvidia.com", "mig.nvidia.com"])
+@pytest.mark.parametrize("kind", ["Pod", "Deployment"])
+def test_a_vgpu_pod_that_also_takes_a_gpu_claim_template_is_refused(
+    device_class: str, kind: str
+) -> None:
+    # The attack: whole GPUs from DRA beside the slices. The view knows the class.
+    cluster = view_of(claim_template(device_class))
+    obj = mixed()
+    entry = review_in(obj if kind == "Pod" else workload(kind, obj), cluster)
+    assert_refused(entry, "gpu-claim")
+    (message,) = [v["message"] for v in entry["violations"] if v["rule"] == "gpu-claim"]
+    assert f'ResourceClaimTemplate "gpu" on device class "{device_class}"' in message
+    # Allowed to claim GPUs is not allowed to mix them with slices.
+    allowed = policy_with("  dra: {allowedNamespaces: [ml]}")
+    assert_refused(review_in(obj, cluster, allowed), "gpu-claim")
+
+
+def test_a_vgpu_pod_that_also_takes_a_gpu_claim_is_refused() -> None:
+    gpus = {**claim(), "spec": CLAIM_ATTACKS["claim-first-available"]["spec"]}
+    assert_refused(review_in(mixed("resourceClaimName"), view_of(gpus)), "gpu-claim")
+    # Before Kubernetes 1.31 the names sat in a source object.
+    old = pod(gpu(), resourceClaims=[{"name": "claim", "source": {"resourceClaimName": "gpu"}}])
+    assert_refused(review_in(old, view_of(claim())), "gpu-claim")
+    # A claim of that name in another namespace is not the pod's.
+    assert review_in(mixed("resourceClaimName"), view_of(claim(namespace="other")))["allowed"]
+
+
+def test_a_gpu_pod_taking_a_claim_of_another_class_is_allowed() -> None:
+    # ComputeDomain (and KAI's IMEX pods): nvidia.com/gpu beside an IMEX channel claim.
+    resources = {"limits": {"nvidia.com/gpu": "4"}, "claims": [{"name": "channel"}]}
+    imex = pod(
+        gpu(resources=resources),
+        resourceClaims=[{"name": "channel", "resourceClaimTemplateName": "imex-channel"}],
+    )
+    template = claim_template(IMEX_CLASS)
+    template["metadata"]["name"] = "imex-channel"
+    assert review(imex)["allowed"]
+    assert review_in(imex, view_of(template))["allowed"]
+    # The class unknown (no view, or a view without the template): the template was
+    # judged when it was written.
+    assert review(mixed())["allowed"]
+    assert review_in(mixed(), view_of(claim_template(IMEX_CLASS)))["allowed"]
+    assert review_in(mixed(), ClusterView(synced=True))["allowed"]
+
+
+@pytest.mark.parametrize(
+    "attack", sorted(a for a in CLAIM_ATTACKS if "claim" in a or "template" in a)
+)
+def test_a_refused_claim_names_the_policy_field_that_would_allow_it(attack: str) -> None:
+    (violation,) = review(CLAIM_ATTACKS[attack])["violations"]
+    assert 'namespace "ml" is not in the policy\'s dra.allowedNamespaces' in violation["message"]
+
+
+def test_a_device_class_serving_a_mig_resource_is_allowed() -> None:
+    # As in the NVIDIA DRA driver's extended-resource example: a MIG instance served by
+    # DRA is a hardware partition, no slice the sharing ledger counts.
+    mig_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "mig-1g.12gb.nvidia.com"},
+        "spec": {"extendedResourceName": "nvidia.com/mig-1g.12gb"},
+    }
+    assert_clean(review(mig_class))
 
 
 def test_claims_in_an_allowed_namespace_and_other_classes_are_allowed() -> None:
@@ -667,6 +822,8 @@ def test_asking_dra_for_a_gpu_class_by_its_extended_resource_is_refused(kind: st
     obj = pod(container("app", limits={"deviceclass.resource.kubernetes.io/gpu.nvidia.com": "1"}))
     entry = review(obj if kind == "Pod" else workload(kind, obj))
     assert_refused(entry, "gpu-claim")
+    (message,) = [v["message"] for v in entry["violations"] if v["rule"] == "gpu-claim"]
+    assert "not in the policy's dra.allowedNamespaces" in message
     # It gets a GPU, so it is not voided either.
     assert review(obj, policy_with("  dra: {allowedNamespaces: [ml]}"))["allowed"]
 

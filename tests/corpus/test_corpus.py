@@ -59,14 +59,7 @@ _NO_LIBVGPU: Final = frozenset(
 
 # Legitimate workloads the default policy still refuses, each with why: asserted refused
 # (so an entry leaves this list the day its fix lands), never skipped.
-_IMEX: Final = "an IMEX channel claim beside whole GPUs: the claim is judged as if it held GPUs, not by its class"
 STILL_REFUSED: Final[Mapping[str, str]] = {
-    "ack/binpack-4-deployment-mib.yaml": "aliyun.com/gpu-mem in MiB, as the extender's design doc writes it",
-    "aws/nccl-tests-gb200-computedomain.yaml": _IMEX,
-    "dra/nvbandwidth-mpijob-compute-domain.yaml": _IMEX,
-    "kai/gpu-imex-channel-pod.yaml": _IMEX,
-    "dra/deviceclass-gpu.yaml": "an installer's DeviceClass serving nvidia.com/gpu through DRA",
-    "dra/extended-resource-mig-1g-12gb.yaml": "a DeviceClass serving a MIG profile through DRA",
     "kai/gpu-fraction-after-kai-admission.yaml": (
         "KAI's own webhook sets NVIDIA_VISIBLE_DEVICES from the ConfigMap its binder writes"
     ),

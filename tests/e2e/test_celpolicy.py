@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 
 from tests.core import strategies
 from tests.core.strategies import (
+    CLASS_RESOURCES,
     IDENTITIES,
     NODE_SELECTORS,
     SCHEDULERS,
@@ -363,6 +364,11 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         "limit-tampering",
     ),
     "scheduler": (_pod("p", _c(), schedulerName="my-scheduler"), "scheduler-bypass"),
+    # Volcano's GPU-share memory is counted by volcano alone.
+    "scheduler-volcano-gpushare": (
+        _pod("p", _asks({"volcano.sh/gpu-memory": "2048"}), schedulerName="hami-scheduler"),
+        "scheduler-bypass",
+    ),
     "scheduler-mps": (
         {
             **_pod("p", _c(), schedulerName="volcano"),
@@ -458,6 +464,14 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         ),
         "host-device-access",
     ),
+    "gke-driver-writable": (
+        _pod(
+            "p",
+            _c(gpu=False, volumeMounts=[{"name": "d", "mountPath": "/d"}]),
+            volumes=[{"name": "d", "hostPath": {"path": "/home/kubernetes/bin/nvidia"}}],
+        ),
+        "host-device-access",
+    ),
     "driver-library-writable": (
         _pod(
             "p",
@@ -480,19 +494,6 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         },
         "forged-allocation",
     ),
-    "claim-beside-slice": (
-        _pod(
-            "p",
-            _c(
-                resources={
-                    "limits": {"nvidia.com/gpumem": "3000"},
-                    "claims": [{"name": "gpu"}],
-                }
-            ),
-            resourceClaims=[{"name": "gpu", "resourceClaimTemplateName": "gpu"}],
-        ),
-        "gpu-claim",
-    ),
     "dra-class-resource": (
         _pod(
             "p",
@@ -505,6 +506,11 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
     ),
     # What the core reads with the quantity parser: units, ranges, requests and limits.
     "gpumem-gibibytes": (_pod("p", _asks({"nvidia.com/gpumem": "3Gi"})), "invalid-gpu-request"),
+    "gib-above-the-mib-maximum": (
+        _pod("p", _asks({"aliyun.com/gpu-mem": "524289"})),
+        "invalid-gpu-request",
+    ),
+    "gib-bytes": (_pod("p", _asks({"aliyun.com/gpu-mem": "17066622976"})), "invalid-gpu-request"),
     "gpumem-bytes": (
         _pod("p", _asks({"nvidia.com/gpumem": "3221225472"})),
         "invalid-gpu-request",
@@ -587,6 +593,18 @@ ADMITTED: Final[dict[str, Obj]] = {
         **_pod("p", _c()),
         "metadata": {"name": "p", "annotations": {"hami.io/vgpu-mode": "x", "team": "ml"}},
     },
+    # A GiB resource above 1024 is read as MiB (ACK's MiB unit), with a warning.
+    "ack-mib": _pod("p", _asks({"aliyun.com/gpu-mem": "16276"})),
+    # Volcano's GPU-share memory: MiB, no count implied.
+    "volcano-gpushare": _pod("p", _asks({"volcano.sh/gpu-memory": "2048"})),
+    "ack-mib-mps": _pod("p", _asks({"aliyun.com/gpu-mem": "16276"}), nodeSelector=_MPS),
+    # A claim beside slices: its device class (here a ComputeDomain's IMEX channel) is
+    # known only to the webhook's cluster view.
+    "claim-beside-slice": _pod(
+        "p",
+        _c(resources={"limits": {"nvidia.com/gpu": "4"}, "claims": [{"name": "channel"}]}),
+        resourceClaims=[{"name": "channel", "resourceClaimTemplateName": "imex-channel"}],
+    ),
     # What the mutation injects, exactly, is not host-device-access.
     "mutated-vgpu": _mutated(_pod("p", _c())),
     "mutated-mps": _mutated(_pod("p", _c(), nodeSelector={"ack.node.gpu.schedule": "mps"})),
@@ -724,7 +742,18 @@ SOURCES: Final[dict[str, tuple[str, Obj, str | None]]] = {
         _source("ResourceClaim", spec=_claim_spec("fpga.example.com")),
         None,
     ),
+    "device-class-serving-gpumem": (
+        "DeviceClass",
+        _source("DeviceClass", spec={"extendedResourceName": "nvidia.com/gpumem"}),
+        "gpu-claim",
+    ),
     "device-class-plain": ("DeviceClass", _source("DeviceClass", spec={}), None),
+    # A MIG instance served by DRA is no slice.
+    "device-class-serving-mig": (
+        "DeviceClass",
+        _source("DeviceClass", spec={"extendedResourceName": "nvidia.com/mig-1g.12gb"}),
+        None,
+    ),
 }
 
 
@@ -878,8 +907,12 @@ def mutation_edits(draw: st.DrawFn, policy: Policy, namespace: str) -> tuple[str
             )
             container.setdefault("env", []).append({"name": name, "value": "3000m"})
         elif edit == "claim":
+            # A claim beside the slices (its class is the cluster view's to judge) and a
+            # GPU class asked for by its extended resource (gpu-claim without a view).
             spec["resourceClaims"] = [{"name": "gpu", "resourceClaimTemplateName": "gpu"}]
-            container.setdefault("resources", {})["claims"] = [{"name": "gpu"}]
+            resources = container.setdefault("resources", {})
+            resources["claims"] = [{"name": "gpu"}]
+            resources.setdefault("limits", {})[CLASS_RESOURCES[0]] = "1"
         elif edit == "resource":
             limits = (container.get("resources") or {}).get("limits") or {}
             requests = (container.get("resources") or {}).get("requests") or {}
@@ -1349,6 +1382,11 @@ _HOST_PATHS: Final = (
     "/run/mps-pipe/x",
     "/var/lib/kubelet-backup",
     "/opt/models",
+    # Driver roots (the default's GKE one, HOST_PATHS' own), above and beside them.
+    "/home/kubernetes/bin/nvidia/lib64",
+    "/home/kubernetes",
+    "/home/kubernetes/bin/other",
+    "/opt/drv/nvidia/x",
 )
 _CHANGES: Final = (
     "none",

@@ -223,12 +223,18 @@ _STACKS: Final[Mapping[str, Mapping[str, tuple[int, ...]]]] = {
         "nvidia.com/gpumem-percentage": (25, 50),
         "nvidia.com/gpucores": (50,),
     },
-    "ack": {"aliyun.com/gpu-mem": (1, 7, 16), "aliyun.com/gpu-core.percentage": (20, 50)},
+    # Above 1024 a GiB value is read as MiB (ACK's MiB unit).
+    "ack": {
+        "aliyun.com/gpu-mem": (1, 7, 16, 1024, 1025, 16276),
+        "aliyun.com/gpu-core.percentage": (20, 50),
+    },
     "volcano": {
         "volcano.sh/vgpu-number": (1, 2),
         "volcano.sh/vgpu-memory": (2048, 8000),
         "volcano.sh/vgpu-cores": (25,),
     },
+    # Volcano's older GPU-share device: MiB, no count.
+    "volcano-gpushare": {"volcano.sh/gpu-memory": (1024, 2048, 11178)},
     "mig": {"nvidia.com/mig-1g.5gb": (1, 2)},
     # HAMi's dynamic MIG: memory on a MIG instance HAMi's scheduler cuts.
     "dynamic-mig": {"nvidia.com/gpu": (1,), "nvidia.com/gpumem": (5000, 10000)},

@@ -285,6 +285,7 @@ spec:
     mode: allowlist
     allowed: [/data/, /mnt/datasets, /srv]
     protected: [/srv/gpu//secrets/, /home/shared]
+    driverRoots: [/opt/drv//nvidia/, /home/kubernetes/bin/nvidia]
 """
 )
 
@@ -302,6 +303,9 @@ def test_host_device_access_renders_the_policys_paths() -> None:
     assert 'startsWith("/data/")' in expression and 'startsWith("/srv/")' in expression
     # The preload file is injected, so exempt when exact.
     assert '"/opt/vgpu/lib/ld.so.preload"' in expression
+    # Driver roots normalised, with the directories above them.
+    for text in ('startsWith("/opt/drv/nvidia/")', '"/opt/drv"', '"/home/kubernetes/bin"'):
+        assert text in expression
 
 
 def test_host_device_access_in_denylist_mode_has_no_allow_list() -> None:
@@ -345,10 +349,16 @@ def test_the_request_rules_are_rendered_where_the_core_reads_only_the_pod() -> N
 
 def test_invalid_gpu_request_holds_each_resource_to_its_unit() -> None:
     expression = celpolicy.rule_expressions(DEFAULT_POLICY)["invalid-gpu-request"]
-    # MiB up to 512 GiB, GiB up to 1 TiB, percentages and counts; binary suffixes out.
-    for bound in ("<= 524288", "<= 1024", "<= 100", "<= 64", "endsWith('i')"):
+    # MiB up to 512 GiB, GiB as well (above 1024 read as MiB), percentages and counts;
+    # binary suffixes out.
+    for bound in ("<= 524288", "<= 100", "<= 64", "endsWith('i')"):
         assert bound in expression, bound
+    assert "<= 1024" not in expression
     assert "isQuantity(" in expression and "compareTo(" in expression
+    # What the requests amount to: GiB times 1024 up to 1024, MiB from 1025.
+    (asks, _) = celpolicy.request_variables(DEFAULT_POLICY)
+    for bound in ("<= 1024 ? quantity(v).asInteger() * 1024", ">= 1025"):
+        assert bound in asks["expression"], bound
 
 
 def test_mode_conflict_renders_the_policys_namespaces_per_mode() -> None:

@@ -24,6 +24,7 @@ from decimal import Decimal
 from typing import Any, Final
 
 from webhook.core import quantity
+from webhook.core.objects import claim_classes
 from webhook.core.workload import as_mapping
 
 # HAMi's device plugin registers each node's cards here (pkg/device/nvidia RegisterAnnos).
@@ -40,7 +41,7 @@ MIG_PREFIX: Final = "nvidia.com/mig-"
 # Extended resources that carry GPU capacity or GPU quota; everything else on a node
 # (cpu, memory, pods, hugepages) is of no interest to a GPU decision.
 _GPU_RESOURCE: Final = re.compile(
-    r"(?:nvidia\.com/(?:gpu|mig-|vgpu)|aliyun\.com/gpu|volcano\.sh/vgpu|hami\.io/|"
+    r"(?:nvidia\.com/(?:gpu|mig-|vgpu)|aliyun\.com/gpu|volcano\.sh/(?:vgpu|gpu-)|hami\.io/|"
     r"nvidia\.com/gpumem|nvidia\.com/gpucores|nvidia\.com/priority)"
 )
 _QUOTA_SCOPE: Final = re.compile(r"(?:limits\.|requests\.)?(?P<resource>.*)")
@@ -112,6 +113,10 @@ class ClusterView:
     config_maps: Mapping[tuple[str, str], Mapping[str, str]] = field(default_factory=dict)
     # (namespace, name) -> decoded data; filled only when the policy opts in.
     secrets: Mapping[tuple[str, str], Mapping[str, str]] = field(default_factory=dict)
+    # (namespace, name) -> the device classes a ResourceClaim / ResourceClaimTemplate
+    # asks for (claim_facts): what a pod naming one in spec.resourceClaims gets.
+    resource_claims: Mapping[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
+    claim_templates: Mapping[tuple[str, str], tuple[str, ...]] = field(default_factory=dict)
     synced: bool = False
     # Aggregates of ``nodes`` (webhook.core.pool), by the key of whoever computed them.
     # Not part of the view's value. A view built on the very same ``nodes`` mapping may
@@ -326,6 +331,15 @@ def secret_data(obj: Mapping[str, Any]) -> Mapping[str, str]:
     return decoded
 
 
+def claim_facts(obj: Mapping[str, Any]) -> tuple[str, ...]:
+    """The device classes a ResourceClaim or ResourceClaimTemplate asks for, sorted: all
+    a pod decision needs of it (a pod may not mix a GPU claim with sharing resources)."""
+    spec = as_mapping(obj.get("spec"))
+    if obj.get("kind") == "ResourceClaimTemplate":
+        spec = as_mapping(spec.get("spec"))
+    return tuple(sorted(set(claim_classes(spec))))
+
+
 def _flatten(objects: Iterable[Any]) -> Iterable[Mapping[str, Any]]:
     for obj in objects:
         if not isinstance(obj, Mapping):
@@ -339,7 +353,8 @@ def _flatten(objects: Iterable[Any]) -> Iterable[Mapping[str, Any]]:
 def view_from_objects(
     objects: Iterable[Mapping[str, Any]], *, synced: bool = True, secrets: bool = False
 ) -> ClusterView:
-    """A view of a snapshot: Nodes, Namespaces, ResourceQuotas, ConfigMaps, Secrets (a List too).
+    """A view of a snapshot: Nodes, Namespaces, ResourceQuotas, ConfigMaps, Secrets,
+    ResourceClaims and ResourceClaimTemplates (a List too).
 
     Secrets are kept only with ``secrets=True``, as the policy must opt in to read them.
     """
@@ -348,6 +363,10 @@ def view_from_objects(
     quotas: dict[str, list[QuotaFacts]] = {}
     config_maps: dict[tuple[str, str], Mapping[str, str]] = {}
     secret_values: dict[tuple[str, str], Mapping[str, str]] = {}
+    claims: dict[str, dict[tuple[str, str], tuple[str, ...]]] = {
+        "ResourceClaim": {},
+        "ResourceClaimTemplate": {},
+    }
     for obj in _flatten(objects):
         kind = obj.get("kind")
         metadata = as_mapping(obj.get("metadata"))
@@ -367,11 +386,15 @@ def view_from_objects(
             config_maps[key] = config_map_data(obj)
         elif kind == "Secret" and secrets:
             secret_values[key] = secret_data(obj)
+        elif kind in claims:
+            claims[str(kind)][key] = claim_facts(obj)
     return ClusterView(
         nodes=nodes,
         namespaces=namespaces,
         quotas={namespace: tuple(items) for namespace, items in quotas.items()},
         config_maps=config_maps,
         secrets=secret_values,
+        resource_claims=claims["ResourceClaim"],
+        claim_templates=claims["ResourceClaimTemplate"],
         synced=synced,
     )

@@ -1,4 +1,5 @@
-"""Rules and settings that need the cluster: node fit, referenced env, Pod Security, quotas.
+"""Rules and settings that need the cluster: node fit, referenced env, Pod Security, quotas,
+the device classes of the claims a pod takes.
 
 Each reads the :class:`~webhook.core.cluster.ClusterView` the caller hands in and does no
 I/O. The caller consults this module only with a synced view: without one the decision
@@ -18,12 +19,12 @@ from webhook.core.cluster import (
     ClusterView,
     quota_resource,
 )
-from webhook.core.finding import Finding
+from webhook.core.finding import Finding, quoted
 from webhook.core.policy import Mode, Policy
 from webhook.core.pool import Pool, pool_of
 from webhook.core.resources import CONTAINER_KINDS, ContainerRequest, PodRequests, describe
 from webhook.core.rules import Subject, Totals, pod_totals, variable_findings
-from webhook.core.workload import as_mapping
+from webhook.core.workload import MAPPINGS, as_mapping
 
 # Pod Security levels that forbid hostIPC (which the mps mutation adds).
 _NO_HOST_IPC: Final = frozenset({"baseline", "restricted"})
@@ -248,6 +249,50 @@ def referenced_env(
                     )
 
 
+def _claim_sources(entry: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
+    """(kind, name) of what a pod's ``resourceClaims`` entry names: v1's fields, or the
+    ``source`` object they sat in before Kubernetes 1.31."""
+    for where in (entry, as_mapping(entry.get("source"))):
+        for field, kind in (
+            ("resourceClaimName", "ResourceClaim"),
+            ("resourceClaimTemplateName", "ResourceClaimTemplate"),
+        ):
+            name = where.get(field)
+            if isinstance(name, str) and name:
+                yield kind, name
+
+
+def claimed_gpus(
+    subject: Subject, policy: Policy, cluster: ClusterView, namespace: str
+) -> Iterator[Finding]:
+    """gpu-claim: a pod with GPU-sharing resources that also takes a claim the view shows
+    on one of the policy's GPU device classes: whole GPUs beside the slices, outside the
+    sharing ledger. A claim the view does not hold (or one on another class: the NVIDIA
+    DRA driver's IMEX channel of a ComputeDomain, a NIC) is no GPU claim for all the
+    decision knows; the claim or template itself was judged when it was written."""
+    if not subject.requests.sharing or not policy.gpu_device_classes:
+        return
+    entries = subject.view.spec.get("resourceClaims")
+    stores = {
+        "ResourceClaim": cluster.resource_claims,
+        "ResourceClaimTemplate": cluster.claim_templates,
+    }
+    for entry in entries if isinstance(entries, list) else ():
+        if not isinstance(entry, MAPPINGS):
+            continue
+        for kind, name in _claim_sources(entry):
+            classes = stores[kind].get((namespace, name), ())
+            for device_class in classes:
+                if device_class in policy.gpu_device_classes:
+                    yield Finding(
+                        "gpu-claim",
+                        f"a pod with GPU-sharing resources also takes {kind} {quoted(name)} on "
+                        f"device class {quoted(device_class)}: whole GPUs the sharing "
+                        "scheduler never counts; ask for GPUs one way: the sharing resources "
+                        "or a claim",
+                    )
+
+
 def judge(
     subject: Subject,
     policy: Policy,
@@ -266,6 +311,7 @@ def judge(
         findings.extend(referenced_env(subject, policy, cluster, namespace))
     if not subject.requests.gpu:
         return findings
+    findings.extend(claimed_gpus(subject, policy, cluster, namespace))
     findings.extend(pod_security(subject, cluster, namespace, notes))
     findings.extend(resource_quotas(subject, policy, cluster, namespace))
     selector = candidate_selector(subject.view.spec, subject.mode, policy)

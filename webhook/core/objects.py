@@ -10,8 +10,9 @@ cannot see either, so they are judged where they are written:
 - raw-visible-devices: a ConfigMap or Secret holding a guarded env name
   (:func:`~webhook.core.env.guarded`) as a key, whatever its value;
 - gpu-claim: a ResourceClaim or ResourceClaimTemplate with a request on one of the
-  policy's GPU device classes outside the namespaces the policy allows, and a
-  DeviceClass that serves one of the policy's resources (``extendedResourceName``).
+  policy's GPU device classes outside the namespaces the policy allows
+  (``dra.allowedNamespaces``), and a DeviceClass that serves one of the policy's sharing
+  resources (``extendedResourceName``; a MIG resource is no slice).
 """
 
 from __future__ import annotations
@@ -77,14 +78,18 @@ def _claim_findings(
             yield Finding(
                 "gpu-claim",
                 f"{kind} asks for device class {quoted(name)}: whole GPUs the sharing "
-                f"scheduler never counts, and namespace {quoted(namespace)} may not claim "
-                "them; request GPU slices in resources.limits",
+                f"scheduler never counts, and namespace {quoted(namespace)} is not in the "
+                "policy's dra.allowedNamespaces; claim GPUs in a namespace listed there",
             )
 
 
 def _device_class_findings(obj: Mapping[str, Any], policy: Policy) -> Iterator[Finding]:
+    """A DeviceClass that serves one of the sharing resources: DRA would hand pods that
+    ask for GPU slices whole devices, unmutated and outside the sharing ledger. A MIG
+    resource served by DRA (the NVIDIA DRA driver's ``nvidia.com/mig-1g.12gb`` example)
+    is a hardware partition either way, isolated and counted as a whole instance."""
     name = as_mapping(obj.get("spec")).get("extendedResourceName")
-    if isinstance(name, str) and policy.is_gpu_resource(name):
+    if isinstance(name, str) and name in policy.gpu_resources:
         yield Finding(
             "gpu-claim",
             f"DeviceClass serves {name} through DRA, outside the sharing scheduler's "

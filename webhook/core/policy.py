@@ -11,6 +11,7 @@ import copy
 import fnmatch
 import hashlib
 import json
+import posixpath
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -254,6 +255,7 @@ SCHEMA: Final[dict[str, Any]] = {
                         "mode": {"enum": ["denylist", "allowlist"]},
                         "allowed": {"type": "array", "items": _ABS_PATH},
                         "protected": {"type": "array", "items": _ABS_PATH},
+                        "driverRoots": {"type": "array", "items": _ABS_PATH},
                     },
                 },
                 "exemptions": {
@@ -407,6 +409,9 @@ class Policy:
     host_path_mode: Literal["denylist", "allowlist"]
     allowed_host_paths: tuple[str, ...]
     protected_host_paths: tuple[str, ...]
+    # Where the node's NVIDIA driver is installed (normalised): written, in any pod, it
+    # changes what every GPU container on the node runs (host-device-access).
+    driver_roots: tuple[str, ...]
     container_maxima: Maxima
     pod_maxima: Maxima
     spec: Mapping[str, Any] = field(repr=False, compare=False)
@@ -429,6 +434,8 @@ class Policy:
     # (deviceclass.resource.kubernetes.io/<class>, class) of each GPU device class: the
     # extended resource DRA serves the class under (DRAExtendedResource).
     gpu_class_resources: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
+    # The count resource each slice resource implies when asked for alone (implied_count).
+    implied_counts: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(
@@ -452,6 +459,7 @@ class Policy:
             tuple(re.split(r"[*?\[]", p, maxsplit=1)[0] for p in self.reserved_annotations),
         )
         self._class_resources()
+        object.__setattr__(self, "implied_counts", self._implied_counts())
 
     def _class_resources(self) -> None:
         object.__setattr__(
@@ -459,6 +467,28 @@ class Policy:
             "gpu_class_resources",
             tuple((DEVICE_CLASS_RESOURCE + c, c) for c in self.gpu_device_classes),
         )
+
+    def _implied_counts(self) -> dict[str, str]:
+        """Each slice resource's count resource, as HAMi's webhook adds ``nvidia.com/gpu``
+        to a container asking only for memory or cores: the first count (by name) of its
+        vendor domain and family, the count's name up to its first ``-`` beginning the
+        slice's (``nvidia.com/gpu``: ``gpumem``, ``gpucores``; ``volcano.sh/vgpu-number``:
+        ``vgpu-memory``). Volcano's older ``volcano.sh/gpu-memory`` is of no family: its
+        plugin counts memory, not cards, and its nodes lack ``vgpu-number``. A priority
+        rides with the slices: its domain's count."""
+        implied: dict[str, str] = {}
+        slices = self.gpu_resources - self.count_resources
+        for resource in sorted(r for r in slices if not r.startswith(self.mig_prefixes)):
+            domain, _, name = resource.partition("/")
+            for count in sorted(self.count_resources):
+                count_domain, _, count_name = count.partition("/")
+                if count_domain == domain and (
+                    resource in self.priority_resources
+                    or name.startswith(count_name.split("-", 1)[0])
+                ):
+                    implied[resource] = count
+                    break
+        return implied
 
     def action(self, rule: str) -> Action:
         return self.actions[rule]
@@ -531,6 +561,12 @@ class Policy:
         return (
             key.startswith(self.reserved_prefixes) and self.reserved_pattern.match(key) is not None
         )
+
+
+def normalised(path: str) -> str:
+    """An absolute path with ``//``, ``.``, ``..`` and trailing slashes resolved."""
+    # Rooted before normalising: "." or "dev/.." would otherwise become "/.", not "/".
+    return "/" + posixpath.normpath("/" + path).lstrip("/")
 
 
 def match_any(value: str, patterns: Iterable[str]) -> bool:
@@ -778,6 +814,7 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         host_path_mode=spec["hostPaths"]["mode"],
         allowed_host_paths=tuple(spec["hostPaths"]["allowed"]),
         protected_host_paths=tuple(spec["hostPaths"]["protected"]),
+        driver_roots=tuple(dict.fromkeys(normalised(p) for p in spec["hostPaths"]["driverRoots"])),
         container_maxima=_maxima(limits["perContainer"]),
         pod_maxima=_maxima(limits["perPod"]),
         spec=spec,

@@ -32,12 +32,17 @@ _KIND_LABEL: Final = {
 MAX_MIB: Final = 1 << 19  # 512 GiB, above any card made: anything more is bytes or a unit slip
 MAX_GIB: Final = 1 << 10
 MAX_COUNT: Final = 64
+# A GiB resource above MAX_GIB (and up to MAX_MIB) is read as MiB: ACK's gpushare counts
+# aliyun.com/gpu-mem in MiB where its device plugin reports MiB
+# (AliyunContainerService/gpushare-scheduler-extender docs/designs/designs.md: "16GiB
+# memory, its corresponding resource is 16276MiB"), and no card holds 1025 GiB.
 _RANGES: Final[dict[str, tuple[int, int]]] = {
     "count": (1, MAX_COUNT),
     "MiB": (1, MAX_MIB),
-    "GiB": (1, MAX_GIB),
+    "GiB": (1, MAX_MIB),
     "percent": (1, 100),
 }
+_RANGE_TEXT: Final = {"GiB": f"1..{MAX_GIB} GiB, or {MAX_GIB + 1}..{MAX_MIB} read as MiB"}
 # ASCII digits only: str.isdigit() takes "\u00b2" and int() then raises.
 _PRIORITY: Final = re.compile(r"-?[0-9]{1,9}")
 
@@ -151,9 +156,9 @@ def _integer(
             hint = " (bytes written as MiB?)"
             if value < (high + 1) << 20:
                 hint = f'; bytes? write "{int(value) >> 20}"'
+        allowed = _RANGE_TEXT.get(unit, f"{low}..{high} {unit}")
         return None, Finding(
-            "invalid-gpu-request",
-            f"{label}: {resource} {quoted(text)} must be {low}..{high} {unit}{hint}",
+            "invalid-gpu-request", f"{label}: {resource} {quoted(text)} must be {allowed}{hint}"
         )
     return int(value), None
 
@@ -205,7 +210,14 @@ def _read_sharing(resource: str, raw: Any, request: ContainerRequest, policy: Po
             request.memory_mib = value
     elif resource in policy.memory_gib_resources:
         value, problem = _integer(raw, resource=resource, request=request, unit="GiB")
-        if value is not None:
+        if value is not None and value > MAX_GIB:
+            request.memory_mib = value
+            # Short: a warning is cut at 120 characters.
+            request.notes.append(
+                f"{request.label}: {resource} {value} read as MiB; to declare MiB, move it "
+                "from resources.memoryGiB to memoryMiB"
+            )
+        elif value is not None:
             request.memory_mib = value * 1024
     elif resource in policy.memory_percentage_resources:
         request.memory_percentage, problem = _integer(
@@ -280,12 +292,11 @@ def read_container(
 
 
 def _implied_count_resource(names: list[str], policy: Policy) -> str | None:
-    """The count resource of the same vendor domain as the slice resources, if the policy has one."""
+    """The count resource the first of the slice resources implies (``Policy.implied_counts``)."""
     for resource in names:
-        domain = resource.split("/", 1)[0] + "/"
-        for count in sorted(policy.count_resources):
-            if count.startswith(domain):
-                return count
+        count = policy.implied_counts.get(resource)
+        if count is not None:
+            return count
     return None
 
 

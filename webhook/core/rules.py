@@ -18,6 +18,7 @@ from webhook.core.policy import (
     Mode,
     Policy,
     match_any,
+    normalised,
 )
 from webhook.core.resources import (
     CONTAINER_KINDS,
@@ -164,12 +165,6 @@ def node_name_pinning(subject: Subject) -> Iterator[Finding]:
         )
 
 
-def normalised(path: str) -> str:
-    """An absolute path with ``//``, ``.``, ``..`` and trailing slashes resolved."""
-    # Rooted before normalising: "." or "dev/.." would otherwise become "/.", not "/".
-    return "/" + posixpath.normpath("/" + path).lstrip("/")
-
-
 def _within(path: str, roots: Iterable[str]) -> bool:
     """``path`` is one of ``roots`` or lies below one."""
     return any(path == root or path.startswith(root.rstrip("/") + "/") for root in roots)
@@ -215,9 +210,14 @@ def _written(spec: Mapping[str, Any]) -> set[str]:
     return names
 
 
-def _stack(path: str) -> bool:
-    """``path`` (normalised) is, lies in or contains the host's GPU stack."""
-    return _contains(path, STACK_ROOTS) or posixpath.basename(path).startswith(STACK_FILE_PREFIXES)
+def _stack(path: str, policy: Policy) -> bool:
+    """``path`` (normalised) is, lies in or contains the host's GPU stack, or one of the
+    policy's driver roots (``hostPaths.driverRoots``)."""
+    return (
+        _contains(path, STACK_ROOTS)
+        or _contains(path, policy.driver_roots)
+        or posixpath.basename(path).startswith(STACK_FILE_PREFIXES)
+    )
 
 
 def _host_path_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
@@ -254,13 +254,14 @@ def _host_path_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                 f'volume "{name}": hostPath {raw} holds the GPU runtime\'s configuration; '
                 "mount it readOnly",
             )
-        elif _stack(path) and name in (
+        elif _stack(path, policy) and name in (
             written if written is not None else (written := _written(subject.view.spec))
         ):
             yield Finding(
                 "host-device-access",
                 f'volume "{name}": hostPath {raw} holds the node\'s GPU stack (sysfs, the '
-                "driver's libraries and tools); mount it readOnly",
+                "driver's libraries and tools, the policy's hostPaths.driverRoots); mount it "
+                "readOnly",
             )
         elif allowlist and not _within(path, policy.allowed_host_paths):
             yield Finding(
@@ -559,23 +560,21 @@ def _class_resources(spec: Mapping[str, Any], policy: Policy) -> list[tuple[str,
 
 def gpu_claims(subject: Subject, policy: Policy) -> Iterator[Finding]:
     """A pod asking DRA for a GPU device class by its extended resource outside the
-    namespaces that may claim GPUs, and a pod that takes a DRA claim beside GPU-sharing
-    resources (the claim's devices are outside the sharing ledger)."""
-    spec = subject.view.spec
-    if policy.gpu_class_resources and not match_any(subject.namespace, policy.claim_namespaces):
-        for label, device_class in _class_resources(spec, policy):
-            yield Finding(
-                "gpu-claim",
-                f"{label}: {DEVICE_CLASS_RESOURCE}{device_class} asks DRA for whole GPUs the "
-                "sharing scheduler never counts; request GPU slices in resources.limits",
-            )
-    # A container's resources.claims must name one of the pod's (the apiserver refuses
-    # it otherwise): the pod's list says whether any container takes a claim.
-    if subject.requests.sharing and spec.get("resourceClaims"):
+    namespaces that may claim GPUs.
+
+    A claim beside GPU-sharing resources is judged by its device class, which only the
+    cluster view knows (:func:`webhook.core.context.claimed_gpus`): from the pod spec
+    alone a claim on the IMEX channel of a ComputeDomain looks like one on whole GPUs,
+    and the claim itself was judged when it was written (:mod:`webhook.core.objects`).
+    """
+    if not policy.gpu_class_resources or match_any(subject.namespace, policy.claim_namespaces):
+        return
+    for label, device_class in _class_resources(subject.view.spec, policy):
         yield Finding(
             "gpu-claim",
-            "a pod with GPU-sharing resources also takes a resource claim; ask for GPUs one "
-            "way: the sharing resources or a claim",
+            f"{label}: {DEVICE_CLASS_RESOURCE}{device_class} asks DRA for whole GPUs the "
+            f"sharing scheduler never counts, and namespace {quoted(subject.namespace)} is "
+            "not in the policy's dra.allowedNamespaces; claim GPUs in a namespace listed there",
         )
 
 

@@ -39,7 +39,8 @@ tests/e2e/test_celpolicy.py compares the two on generated objects):
 - host-device-access: hostPath volumes (any pod) that are protected (device nodes and
   their parents, the kubelet's state, /proc, runtime sockets, the libvgpu, lock and MPS
   pipe directories, the policy's protected paths, and the directories above them), that
-  hold the GPU runtime's configuration and are mounted writable, or (allowlist mode, GPU
+  hold the GPU runtime's configuration or the GPU stack (the driver's libraries and tools,
+  sysfs, the policy's hostPaths.driverRoots) and are mounted writable, or (allowlist mode, GPU
   pods) that lie outside the allowed paths, unless the volume is exactly one the
   mutation injects into this pod; mounts of the injected shared volumes without
   readOnly; mountPaths under /var/run/nvidia-container-devices; ``cdi.k8s.io/``
@@ -54,7 +55,8 @@ tests/e2e/test_celpolicy.py compares the two on generated objects):
   quantities (CEL's ``isQuantity``/``quantity()`` on the canonical text the apiserver
   hands admission): a GPU resource in requests but not limits, or whose request is
   another quantity than its limit; a value outside its unit's range (counts and MIG
-  instances 1..64, MiB 1..512 Gi, GiB 1..1024, percentages 1..100), with a binary
+  instances 1..64, MiB 1..512 Gi, GiB 1..1024 and above that MiB up to 512 Gi,
+  percentages 1..100), with a binary
   suffix or a fraction; a priority that is no integer; memory asked twice.
 - mode-conflict: in the mode chosen as above, a mode annotation whose value is no mode
   (before the first that is one), MIG and shared-GPU resources in one container, MIG in
@@ -130,6 +132,7 @@ from webhook.core.policy import (
     Ledger,
     Mode,
     Policy,
+    normalised,
 )
 from webhook.core.resources import CONTAINER_KINDS, MAX_COUNT, MAX_GIB, MAX_MIB
 from webhook.core.rules import (
@@ -141,7 +144,6 @@ from webhook.core.rules import (
     STACK_FILE_PREFIXES,
     STACK_ROOTS,
     SYS_ADMIN,
-    normalised,
 )
 from webhook.core.workload import KINDS_BY_PATH
 from webhook.install.scope import literal
@@ -773,7 +775,7 @@ def _host_paths(policy: Policy, containers: str, gpu: str, spec: str) -> str:
     checks = [
         _protected(policy, "p"),
         f"({_reaching('p', _CONFIG_ROOTS, parents=True)}) && {_writes(containers, 'v.name')}",
-        f"({_reaching('p', STACK_ROOTS, parents=True)} || "
+        f"({_reaching('p', (*STACK_ROOTS, *policy.driver_roots), parents=True)} || "
         f"{_list(STACK_FILE_PREFIXES)}.exists(f, p.substring(p.lastIndexOf('/') + 1)"
         f".startsWith(f))) && {_writes(containers, 'v.name')}",
     ]
@@ -911,7 +913,8 @@ def _units(policy: Policy) -> list[tuple[str, int, int]]:
     for names, high in (
         (policy.count_resources, MAX_COUNT),
         (policy.memory_mib_resources, MAX_MIB),
-        (policy.memory_gib_resources, MAX_GIB),
+        # Above MAX_GIB, up to MAX_MIB, a GiB value is read as MiB (resources._RANGES).
+        (policy.memory_gib_resources, MAX_MIB),
         (policy.memory_percentage_resources | policy.cores_resources, 100),
     ):
         if names:
@@ -966,9 +969,11 @@ def _ask(policy: Policy, c: str, *, init: bool = False, only: Iterable[str] = ()
     counts = f"{_asked(policy.count_resources)}.map(r, {_amount(_ASKED, 1, MAX_COUNT)})"
     gpus = f"[{counts}].map(x, size(x) > 0 && x[size(x) - 1] > 0 ? x[size(x) - 1] : 1)[0]"
     mib = sorted(policy.memory_mib_resources)
+    # A GiB value above MAX_GIB is MiB (resources._read_sharing).
+    gib = f"[{_amount(_ASKED, 1, MAX_GIB, 1024)}].map(x, x > 0 ? x : {_amount(_ASKED, MAX_GIB + 1, MAX_MIB)})[0]"
     memory = (
         f"{_asked(policy.memory_resources)}.map(r, r in {_list(mib)} ? "
-        f"{_amount(_ASKED, 1, MAX_MIB)} : {_amount(_ASKED, 1, MAX_GIB, 1024)}).filter(x, x > 0)"
+        f"{_amount(_ASKED, 1, MAX_MIB)} : {gib}).filter(x, x > 0)"
     )
     cores = f"{_asked(policy.cores_resources)}.map(r, {_amount(_ASKED, 1, 100)})"
     percentage = f"{_asked(policy.memory_percentage_resources)}.map(r, {_amount(_ASKED, 1, 100)})"
@@ -1239,12 +1244,7 @@ def _implied(policy: Policy) -> str:
     mutation adds the count (``implied_count_resource``) where it is missing, and no count
     is anywhere, so something is missing."""
     counts = sorted(policy.count_resources)
-    sources = sorted(
-        r
-        for r in _slices(policy)
-        if r not in policy.count_resources
-        and any(n.startswith(r.split("/", 1)[0] + "/") for n in counts)
-    )
+    sources = sorted(policy.implied_counts)
     if not sources:
         return "false"
     asked = "exists(r, r in L || r in R)"
@@ -1385,9 +1385,9 @@ MESSAGES: Final[Mapping[str, str]] = {
     "remove spec.schedulerName",
     "forged-allocation": "annotations reserved to the GPU scheduler and device plugin were "
     "written, changed or removed; remove them",
-    "gpu-claim": "a pod takes a resource claim beside GPU-sharing resources, or asks DRA for a GPU "
-    "device class outside the namespaces that may claim GPUs; request GPU slices in "
-    "resources.limits",
+    "gpu-claim": "a pod asks DRA for a GPU device class (deviceclass.resource.kubernetes.io/) in a "
+    "namespace that is not in the policy's dra.allowedNamespaces; claim GPUs in a namespace "
+    "listed there",
     "unmutated-gpu-pod": "a GPU-sharing pod lacks the settings the gpushare mutation gives it "
     "(its limits, preload, mounts, scheduler, void for GPU-less containers) or they were "
     "changed after it; is the gpushare mutation (webhook or MutatingAdmissionPolicy) in place?",
@@ -1455,16 +1455,15 @@ def _scheduler(policy: Policy) -> str:
 
 def _claims(policy: Policy) -> str:
     """gpu-claim of a pod (or template): a GPU device class asked for by its extended
-    resource outside the namespaces that may claim GPUs; a claim beside sharing resources."""
-    spec, containers = "variables.spec", "variables.containers"
-    # A container's resources.claims must name one of the pod's: the pod's list says it.
-    taken = f"has({spec}.resourceClaims) && size({spec}.resourceClaims) > 0"
-    terms = [f"variables.sharing && ({taken})"]
-    if policy.gpu_device_classes:
-        classes = sorted(DEVICE_CLASS_RESOURCE + c for c in policy.gpu_device_classes)
-        allowed = _glob_test("request.namespace", policy.claim_namespaces)
-        terms.append(f"!({allowed}) && {_requests(containers, f'r in {_list(classes)}')}")
-    return f"!(variables.created && ({' || '.join(f'({t})' for t in terms)}))"
+    resource outside the namespaces that may claim GPUs. A claim beside sharing resources
+    is the webhook's with the cluster view (``context.claimed_gpus``): only the view knows
+    the claim's device class."""
+    if not policy.gpu_device_classes:
+        return "true"
+    classes = sorted(DEVICE_CLASS_RESOURCE + c for c in policy.gpu_device_classes)
+    allowed = _glob_test("request.namespace", policy.claim_namespaces)
+    asked = _requests("variables.containers", f"r in {_list(classes)}")
+    return f"!(variables.created && !({allowed}) && {asked})"
 
 
 def _forged_in(ledger: Ledger) -> str:
@@ -1624,12 +1623,12 @@ def _claim_expression(policy: Policy) -> str:
     if not policy.gpu_device_classes:
         claims = "false"
     allowed = _glob_test("request.namespace", policy.claim_namespaces)
+    # The sharing resources only: a MIG resource served by DRA is no slice.
     name = "object.spec.extendedResourceName"
-    served = [f"{name} in {_list(sorted(policy.gpu_resources))}"] if policy.gpu_resources else []
-    served.extend(f"{name}.startsWith({literal(p)})" for p in sorted(set(policy.mig_prefixes)))
+    served = f"{name} in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else "false"
     device_class = (
         f"request.kind.kind == {literal(DEVICE_CLASS)} && has(object.spec) && "
-        f"has({name}) && ({' || '.join(served) or 'false'})"
+        f"has({name}) && {served}"
     )
     return f"!((!({allowed}) && ({claims})) || ({device_class}))"
 
@@ -1705,9 +1704,10 @@ SOURCE_MESSAGES: Final[Mapping[str, str]] = {
     "raw-visible-devices": "a ConfigMap or Secret may not hold NVIDIA_VISIBLE_DEVICES, "
     "CUDA_VERSION, a HAMi-core switch or limit as a key: envFrom would hand it to containers "
     "unjudged; remove the key and set what a pod needs in its own env",
-    "gpu-claim": "a claim on a GPU device class outside the namespaces that may claim GPUs, or a "
-    "DeviceClass serving a GPU-sharing resource, hands out GPUs the sharing scheduler never "
-    "counts; request GPU slices in resources.limits",
+    "gpu-claim": "a claim on a GPU device class in a namespace that is not in the policy's "
+    "dra.allowedNamespaces, or a DeviceClass serving a GPU-sharing resource, hands out GPUs the "
+    "sharing scheduler never counts; claim GPUs in a namespace listed there, and serve no "
+    "sharing resource from a DeviceClass",
 }
 
 

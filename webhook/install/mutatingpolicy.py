@@ -129,12 +129,17 @@ def _values(resources: Iterable[str]) -> str:
     return f"{_list(sorted(resources))}.filter(r, r in L || r in R).map(r, r in L ? L[r] : R[r])"
 
 
-def _amount(resources: Iterable[str], *, high: int, scale: int = 1) -> str:
+def _amount(
+    resources: Iterable[str], *, high: int, scale: int = 1, unscaled_above: int | None = None
+) -> str:
     """The first of ``resources`` that ``c`` asks for as an integer 1..high times
-    ``scale``, or -1: anything else is the invalid-gpu-request validation's to refuse."""
+    ``scale`` (not scaled above ``unscaled_above``: a GiB value read as MiB), or -1:
+    anything else is the invalid-gpu-request validation's to refuse."""
     if not resources:
         return "-1"
     scaled = "q.asInteger()" + (f" * {scale}" if scale != 1 else "")
+    if unscaled_above is not None:
+        scaled = f"q.asInteger() > {unscaled_above} ? q.asInteger() : {scaled}"
     return (
         f"cel.bind(v, {_values(resources)}, size(v) > 0 && cel.bind(q, quantity(string(v[0])), "
         f"q.isInteger() && q.asInteger() >= 1 && q.asInteger() <= {high}) ? "
@@ -229,7 +234,8 @@ def container_wants(policy: Policy) -> str:
     (``mutation.wanted_env``), as a CEL list of ``{'name', 'value'}`` maps."""
     counts = _amount(policy.count_resources, high=MAX_COUNT)
     mib = _amount(policy.memory_mib_resources, high=MAX_MIB)
-    gib = _amount(policy.memory_gib_resources, high=MAX_GIB, scale=1024)
+    # Above MAX_GIB a GiB value is MiB (resources._read_sharing).
+    gib = _amount(policy.memory_gib_resources, high=MAX_MIB, scale=1024, unscaled_above=MAX_GIB)
     cores = _amount(policy.cores_resources, high=100)
     return (
         f"{_BIND_PARTS}cel.bind(g, cel.bind(n, {counts}, n > 0 ? n : 1), "
@@ -241,14 +247,7 @@ def container_wants(policy: Policy) -> str:
 def _implied(policy: Policy) -> str:
     """The count resource that ``c``, asking only for memory or cores, implies
     (``ContainerRequest.implied_count_resource``), or ''."""
-    implied: dict[str, str] = {}
-    for resource in sorted(policy.gpu_resources - policy.count_resources):
-        if resource.startswith(policy.mig_prefixes):
-            continue
-        domain = resource.split("/", 1)[0] + "/"
-        counts = sorted(c for c in policy.count_resources if c.startswith(domain))
-        if counts:
-            implied[resource] = counts[0]
+    implied = dict(sorted(policy.implied_counts.items()))
     if not implied:
         return "''"
     table = "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in implied.items()) + "}"

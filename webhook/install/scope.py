@@ -22,8 +22,8 @@ condition that catches it:
   GPU device classes (counted as a GPU request above). ConfigMaps, Secrets and DRA
   objects are judged by the ValidatingAdmissionPolicies (:mod:`webhook.install.celpolicy`),
   not sent to the webhooks.
-- host namespaces, CAP_SYS_ADMIN, claims beside sharing resources: only in GPU pods,
-  which are sent already.
+- host namespaces, CAP_SYS_ADMIN, claims beside sharing resources (judged by the claim's
+  device class, with the cluster view): only in GPU pods, which are sent already.
 - host-device-access (any pod): any hostPath volume (the protected paths are compared
   after normalisation, which CEL cannot do; a hostPath is rare enough to send them all);
   a mount whose path contains ``nvidia-container-devices``; a mount or volume with a
@@ -254,7 +254,7 @@ def view_conditions(policy: Policy) -> list[MatchCondition]:
     mutation (:mod:`webhook.install.mode`): only what the cluster view decides reaches
     them. Every such decision is about an object that asks for a GPU of the policy
     (no-fitting-node, gpu-quota, the Pod Security level of an mps pod, the memory
-    percentage in MiB, the MIG translation); the rules that need no view hold in the
+    percentage in MiB, the MIG translation, the class of a claim beside sharing resources); the rules that need no view hold in the
     apiserver, and the cross-object ones (env from ConfigMaps and Secrets, DRA claims) at
     write time, so none of them rests on a registration that fails open."""
     gpu = _resource_test(policy, "r")
