@@ -727,3 +727,12 @@ def test_a_dynamic_mig_pod_meets_the_switch_rules() -> None:
     pod["metadata"]["annotations"] = {"nvidia.com/vgpu-mode": "mig"}
     pod["spec"]["containers"][0]["env"] = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
     assert rules_of(review_object(pod, DEFAULT_POLICY)) == {"limit-tampering"}
+
+
+def test_kai_binders_ledger_annotation_is_its_own() -> None:
+    # KAI's scheduler rebuilds a pod's GPU type from it when the pod has no BindRequest.
+    pod = gpu_pod({"nvidia.com/gpu": "1"}, schedulerName="kai-scheduler")
+    pod["metadata"]["annotations"] = {"received-resource-type": "Regular"}
+    assert rules_of(review_object(pod, DEFAULT_POLICY)) == {"forged-allocation"}
+    binder = "system:serviceaccount:kai-scheduler:binder"
+    assert review_object(pod, DEFAULT_POLICY, username=binder)["allowed"]
