@@ -353,27 +353,3 @@ def test_a_slice_implies_the_count_of_its_own_family() -> None:
         "volcano.sh/vgpu-memory": "volcano.sh/vgpu-number",
         "volcano.sh/vgpu-memory-percentage": "volcano.sh/vgpu-number",
     }
-
-
-@pytest.mark.parametrize(
-    ("body", "expected"),
-    [
-        (
-            "  wholeGpus:\n    resources: [nvidia.com/gpumem]\n",
-            "spec.wholeGpus.resources.0: nvidia.com/gpumem is not one of resources.count",
-        ),
-        (
-            "  vgpu:\n    withoutLibrary: [aliyun.com/gpu-memory]\n",
-            "spec.vgpu.withoutLibrary.0: aliyun.com/gpu-memory is not a sharing resource",
-        ),
-        (
-            "  modes:\n    dynamicMigAnnotations: [hami.io/vgpu-mode]\n",
-            "spec.modes.dynamicMigAnnotations.0: hami.io/vgpu-mode is not one of modes.annotations",
-        ),
-    ],
-)
-def test_stack_names_that_could_never_apply_name_their_line(body: str, expected: str) -> None:
-    with pytest.raises(PolicyError) as caught:
-        parse_policy(_HEAD + body, source="p.yaml")
-    (error,) = caught.value.errors
-    assert error.startswith("line 5: " + expected), error

@@ -687,8 +687,7 @@ def parse_policy(text: str, *, base: Policy | None, source: str = "<policy>") ->
     if checked is not None and (checked is document or not any(_VALIDATOR.iter_errors(checked))):
         policy = compile_policy(checked, base=base)
         # Checked on the compiled policy: whether a name is a GPU resource depends on the base.
-        problems = _scheduler_problems(checked, policy) + _mig_problems(policy)
-        for path, why in problems + _stack_problems(checked, policy):
+        for path, why in _scheduler_problems(checked, policy) + _mig_problems(policy):
             found.append((_position_of(node, path), ".".join(map(str, path)), why))
     if found or policy is None:
         found.sort()
@@ -798,7 +797,7 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         allow_disable_core_utilization_policy=vgpu["allowDisableCoreUtilizationPolicy"],
         mps_pipe_directory=spec["mps"]["pipeDirectory"],
         mps_node_selector=dict(spec["mps"]["nodeSelector"]),
-        whole_gpu_resources=frozenset(spec["wholeGpus"]["resources"]),
+        whole_gpu_resources=frozenset(spec["wholeGpus"]["resources"]) & frozenset(res["count"]),
         sharing_pool=tuple((p["key"], p["value"]) for p in spec["wholeGpus"]["sharingPool"]),
         actions={rule: spec["rules"].get(rule, "deny") for rule in RULE_IDS},
         reserved_annotations=tuple(
@@ -904,38 +903,6 @@ def _scheduler_problems(document: Mapping[str, Any], policy: Policy) -> list[tup
             # Resource names carry their vendor's domain: a bare word meant a mode.
             why = f"not a mode; modes are {', '.join(SCHEDULED_MODES)} (resource names have a '/')"
         problems.append(([*path, name], why))
-    return problems
-
-
-def _stack_problems(document: Mapping[str, Any], policy: Policy) -> list[tuple[list[Any], str]]:
-    """Names in wholeGpus, vgpu.withoutLibrary and modes.dynamicMigAnnotations that could
-    never take effect, where the document writes them."""
-    spec = document.get("spec") or {}
-    problems: list[tuple[list[Any], str]] = []
-    written: list[tuple[list[Any], Any, frozenset[str] | tuple[str, ...], str]] = [
-        (
-            ["spec", "wholeGpus", "resources"],
-            (spec.get("wholeGpus") or {}).get("resources"),
-            policy.count_resources,
-            "is not one of resources.count",
-        ),
-        (
-            ["spec", "vgpu", "withoutLibrary"],
-            (spec.get("vgpu") or {}).get("withoutLibrary"),
-            policy.gpu_resources,
-            "is not a sharing resource of resources",
-        ),
-        (
-            ["spec", "modes", "dynamicMigAnnotations"],
-            (spec.get("modes") or {}).get("dynamicMigAnnotations"),
-            policy.mode_annotations,
-            "is not one of modes.annotations",
-        ),
-    ]
-    for path, names, known, why in written:
-        for index, name in enumerate(names if isinstance(names, list) else ()):
-            if name not in known:
-                problems.append(([*path, index], f"{name} {why}"))
     return problems
 
 
