@@ -624,7 +624,10 @@ class ClusterWatch:
             self._publish_handle.cancel()
             self._publish_handle = None
         for kind in self._changed:
-            self._faces[kind] = MappingProxyType(self._stores[kind])
+            # A copy: the stores change in place as events arrive, and a published view
+            # must stay what it was (its node aggregates were computed from it) until the
+            # next one replaces it.
+            self._faces[kind] = MappingProxyType(dict(self._stores[kind]))
         self._changed.clear()
         faces = self._faces
         before = self.view
