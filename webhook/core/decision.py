@@ -14,7 +14,7 @@ from typing import Any, Final, TypedDict
 from webhook.core.cluster import ClusterView
 from webhook.core.context import candidate_selector, judge, resolve_percentages, where
 from webhook.core.finding import Finding
-from webhook.core.injection import NOTHING, injection_for
+from webhook.core.injection import NOTHING, PLAIN, Treatment, injection_for
 from webhook.core.mig import Translation, translate
 from webhook.core.mode import ModeChoice, choose_mode
 from webhook.core.mutation import first_missing, mutate, needs_void
@@ -140,9 +140,11 @@ def _examine(
         groups=request.groups,
         previous=previous,
         namespace=namespace,
-        whole=whole,
-        dynamic=choice.dynamic,
-        library=library,
+        treatment=(
+            Treatment(whole=whole, dynamic=choice.dynamic, library=library)
+            if whole or choice.dynamic or not library
+            else PLAIN
+        ),
     )
     findings = evaluate(subject, policy)
     if subject.created:
@@ -244,14 +246,7 @@ def decide(
         )
     elif mutable and phase == "validate":
         missing = first_missing(
-            view,
-            subject.requests,
-            choice.mode,
-            policy,
-            subject.injection,
-            whole=subject.whole,
-            dynamic=choice.dynamic,
-            library=subject.library,
+            view, subject.requests, choice.mode, policy, subject.injection, subject.treatment
         )
         if missing is not None:
             findings.append(
@@ -269,14 +264,7 @@ def decide(
         # A pod that shares no GPU may still need the void for its containers: mutated,
         # but never refused as unmutated (a legacy image is raw-visible-devices').
         mutation = mutate(
-            view,
-            subject.requests,
-            choice.mode,
-            policy,
-            subject.injection,
-            whole=subject.whole,
-            dynamic=choice.dynamic,
-            library=subject.library,
+            view, subject.requests, choice.mode, policy, subject.injection, subject.treatment
         )
         decision.patch = [*translated, *mutation.ops] if translated else mutation.ops
         capped = [Finding("limit-tampering", text) for text in mutation.overwritten]

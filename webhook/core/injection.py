@@ -43,6 +43,24 @@ class Injection:
 
 
 NOTHING: Final = Injection()
+
+
+@dataclass(frozen=True, slots=True)
+class Treatment:
+    """What a pod's mode alone does not say about its mutation."""
+
+    # Asks only for whole GPUs under a scheduler of its own (webhook.core.whole): kept
+    # off the sharing pool, nothing of a slice injected.
+    whole: bool = False
+    # A mig pod of the scheduler's dynamic MIG (ModeChoice.dynamic): scheduled as a
+    # slice, given its scheduler and count only.
+    dynamic: bool = False
+    # A vgpu pod gets HAMi-core (Policy.library_for); always True in other modes.
+    library: bool = True
+
+
+# The treatment of nearly every pod: one object, not one per request.
+PLAIN: Final = Treatment()
 _VGPU_READ_ONLY: Final = frozenset({VOLUME_LIBRARY, VOLUME_PRELOAD})
 _MPS_READ_ONLY: Final = frozenset({VOLUME_MPS_PIPE})
 

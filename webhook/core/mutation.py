@@ -23,8 +23,10 @@ from webhook.core.injection import (
     CACHE_DIR,
     LIBRARY_PATH,
     MODE_ANNOTATION,
+    PLAIN,
     VGPU_LIMIT_PREFIXES,
     Injection,
+    Treatment,
     same_volume,
 )
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
@@ -475,16 +477,14 @@ def _edits(
     mode: Mode,
     policy: Policy,
     injection: Injection,
-    whole: bool,
-    dynamic: bool,
-    library: bool,
+    treatment: Treatment,
 ) -> None:
     """Every op a pod (or template) in ``mode`` still needs, in an order that applies."""
     if mode in ("vgpu", "mps"):
-        _mode_edits(out, view, requests, mode, policy, injection, library)
-    elif whole:
+        _mode_edits(out, view, requests, mode, policy, injection, treatment.library)
+    elif treatment.whole:
         _pool_ops(out, view, policy)
-    elif dynamic:
+    elif treatment.dynamic:
         # The scheduler cuts the MIG instance: it gets the pod, and nothing is preloaded.
         _scheduler_ops(out, view.spec, view.spec_pointer, policy.scheduler_for(requests, mode=mode))
         for request in requests.containers:
@@ -534,18 +534,11 @@ def mutate(
     mode: Mode,
     policy: Policy,
     injection: Injection,
-    *,
-    whole: bool = False,
-    dynamic: bool = False,
-    library: bool = True,
+    treatment: Treatment = PLAIN,
 ) -> Patch:
-    """The patch for a pod (or template) in ``mode``; empty when it already has it all.
-    ``whole``: it asks only for whole GPUs under a scheduler of its own
-    (:func:`webhook.core.whole.keeps_scheduler`), and is kept off the sharing pool;
-    ``dynamic``: a mig pod of the scheduler's dynamic MIG (``ModeChoice.dynamic``);
-    ``library``: a vgpu pod gets HAMi-core (``Policy.library_for``)."""
+    """The patch for a pod (or template) in ``mode``; empty when it already has it all."""
     out = Patch()
-    _edits(out, view, requests, mode, policy, injection, whole, dynamic, library)
+    _edits(out, view, requests, mode, policy, injection, treatment)
     return out
 
 
@@ -555,15 +548,12 @@ def first_missing(
     mode: Mode,
     policy: Policy,
     injection: Injection,
-    *,
-    whole: bool = False,
-    dynamic: bool = False,
-    library: bool = True,
+    treatment: Treatment = PLAIN,
 ) -> PatchOp | None:
     """The first op the mutation would still make, or None when the pod has it all."""
     out = Patch(first_only=True)
     try:
-        _edits(out, view, requests, mode, policy, injection, whole, dynamic, library)
+        _edits(out, view, requests, mode, policy, injection, treatment)
     except _Enough:
         return out.ops[0]
     return None

@@ -10,7 +10,13 @@ from typing import Any, Final, Literal, NamedTuple
 
 from webhook.core.env import effective_env, env_value, legacy_image, opaque, spelling_prefixes
 from webhook.core.finding import Finding, quoted
-from webhook.core.injection import MPS_LIMIT_VARS, VGPU_LIMIT_PREFIXES, Injection
+from webhook.core.injection import (
+    MPS_LIMIT_VARS,
+    PLAIN,
+    VGPU_LIMIT_PREFIXES,
+    Injection,
+    Treatment,
+)
 from webhook.core.policy import (
     DEFAULT_SCHEDULER,
     DEVICE_CLASS_RESOURCE,
@@ -141,12 +147,8 @@ class Subject:
     # On an UPDATE of a pod: the annotations before it.
     previous: Mapping[str, Any] | None = None
     namespace: str = ""
-    # Asks only for whole GPUs under a scheduler of its own (webhook.core.whole).
-    whole: bool = False
-    # A mig pod of the scheduler's dynamic MIG (ModeChoice.dynamic): scheduled as a slice.
-    dynamic: bool = False
-    # A vgpu pod gets HAMi-core (Policy.library_for); always True in other modes.
-    library: bool = True
+    # Whole GPUs kept off the pool, dynamic MIG, a vgpu pod without HAMi-core.
+    treatment: Treatment = PLAIN
     # A new pod, or a template (whose pods will all be created). Set once: most rules ask.
     created: bool = field(init=False)
 
@@ -497,7 +499,7 @@ def limit_tampering(subject: Subject) -> Iterator[Finding]:
     # What the mutation would overwrite is a warning at /mutate; reaching validation
     # with limits above the request means something else set them.
     # Without HAMi-core (vgpu.withoutLibrary) nothing on the node reads the vGPU limits.
-    if subject.mode == "vgpu" and not subject.library:
+    if subject.mode == "vgpu" and not subject.treatment.library:
         return
     for request in subject.requests.containers:
         if not request.shares or subject.mode not in ("vgpu", "mps"):
@@ -679,7 +681,7 @@ def gpu_quota(subject: Subject, policy: Policy) -> Iterator[Finding]:
 
 
 def scheduler_bypass(subject: Subject, policy: Policy) -> Iterator[Finding]:
-    if subject.whole and subject.created:
+    if subject.treatment.whole and subject.created:
         selected = pool_selection(subject.view.spec, policy)
         if selected is not None:
             scheduler = subject.view.spec.get("schedulerName")
@@ -690,7 +692,7 @@ def scheduler_bypass(subject: Subject, policy: Policy) -> Iterator[Finding]:
                 f"schedulerName ({policy.scheduler_name} accounts for GPUs there)",
             )
         return
-    scheduled = subject.mode in ("vgpu", "mps") or subject.dynamic
+    scheduled = subject.mode in ("vgpu", "mps") or subject.treatment.dynamic
     if not scheduled or not subject.requests.sharing or not subject.created:
         return
     scheduler = subject.view.spec.get("schedulerName")
