@@ -314,8 +314,7 @@ def mutation_variables(policy: Policy) -> list[Obj]:
                 f"{sharing}.transformMapEntry("
                 f"i, c, {{c.name: {container_wants(policy)}}}) : "
                 "variables.dynamicMig || variables.mode == 'vgpu' ? "
-                f"{sharing}.transformMapEntry(i, c, {{c.name: {container_wants(policy)}"
-                ".filter(w, false)}) : {}"
+                f"{sharing}.transformMapEntry(i, c, {{c.name: []}}) : {{}}"
             ),
         },
         {
