@@ -330,24 +330,6 @@ STACK_PATHS: Final = [
 ]
 
 
-@pytest.mark.parametrize("path", STACK_PATHS)
-@pytest.mark.parametrize("gpu_pod", [True, False], ids=["gpu-pod", "plain-pod"])
-def test_writable_host_path_of_the_gpu_stack_is_refused(path: str, gpu_pod: bool) -> None:
-    app = gpu if gpu_pod else functools.partial(container, "app")
-    obj = pod(app(mounts=[mount("stack", "/host")]), volumes=[host_volume("stack", path)])
-    assert_refused(review(obj), "host-device-access")
-
-
-# /usr holds the libvgpu directory: protected even read-only.
-@pytest.mark.parametrize("path", [p for p in STACK_PATHS if p != "/usr"])
-def test_read_only_host_path_of_the_gpu_stack_is_allowed(path: str) -> None:
-    obj = pod(
-        container("app", mounts=[mount("stack", "/host", read_only=True)]),
-        volumes=[host_volume("stack", path)],
-    )
-    assert_clean(review(obj))
-
-
 # The driver roots of the default policy (hostPaths.driverRoots), their insides and the
 # directories above them: GKE's COS and Ubuntu installers, the GPU Operator's driver
 # container, the toolkit's install directory.
@@ -364,20 +346,22 @@ DRIVER_PATHS: Final = [
 ]
 
 
-@pytest.mark.parametrize("path", DRIVER_PATHS)
+@pytest.mark.parametrize("path", STACK_PATHS + DRIVER_PATHS)
 @pytest.mark.parametrize("gpu_pod", [True, False], ids=["gpu-pod", "plain-pod"])
-def test_writable_host_path_of_a_driver_root_is_refused(path: str, gpu_pod: bool) -> None:
+def test_writable_host_path_of_the_gpu_stack_is_refused(path: str, gpu_pod: bool) -> None:
     app = gpu if gpu_pod else functools.partial(container, "app")
-    obj = pod(app(mounts=[mount("driver", "/host")]), volumes=[host_volume("driver", path)])
+    obj = pod(app(mounts=[mount("stack", "/host")]), volumes=[host_volume("stack", path)])
     assert_refused(review(obj), "host-device-access")
 
 
-# /run/nvidia holds device state: protected even read-only.
-@pytest.mark.parametrize("path", [p for p in DRIVER_PATHS if not p.startswith("/run/")])
-def test_read_only_host_path_of_a_driver_root_is_allowed(path: str) -> None:
+# /usr holds the libvgpu directory and /run/nvidia device state: protected even read-only.
+@pytest.mark.parametrize(
+    "path", [p for p in STACK_PATHS + DRIVER_PATHS if p != "/usr" and not p.startswith("/run/")]
+)
+def test_read_only_host_path_of_the_gpu_stack_is_allowed(path: str) -> None:
     obj = pod(
-        container("app", mounts=[mount("driver", "/host", read_only=True)]),
-        volumes=[host_volume("driver", path)],
+        container("app", mounts=[mount("stack", "/host", read_only=True)]),
+        volumes=[host_volume("stack", path)],
     )
     assert_clean(review(obj))
 

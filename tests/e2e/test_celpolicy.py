@@ -233,6 +233,13 @@ def _c(name: str = "app", gpu: bool = True, **extra: Any) -> Obj:
     return container
 
 
+def _writable_host(path: str) -> Obj:
+    """A plain pod that mounts the host's ``path`` writable."""
+    mount = {"name": "h", "mountPath": "/h"}
+    volume = {"name": "h", "hostPath": {"path": path}}
+    return _pod("p", _c(gpu=False, volumeMounts=[mount]), volumes=[volume])
+
+
 def _env(*pairs: tuple[str, Any]) -> list[Obj]:
     env = []
     for name, value in pairs:
@@ -456,30 +463,9 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
     ),
     "host-pid": (_pod("p", _c(), hostPID=True), "host-device-access"),
     "host-ipc-vgpu": (_pod("p", _c(), hostIPC=True), "host-device-access"),
-    "sysfs-writable": (
-        _pod(
-            "p",
-            _c(gpu=False, volumeMounts=[{"name": "s", "mountPath": "/host-sys"}]),
-            volumes=[{"name": "s", "hostPath": {"path": "/sys/bus//pci"}}],
-        ),
-        "host-device-access",
-    ),
-    "gke-driver-writable": (
-        _pod(
-            "p",
-            _c(gpu=False, volumeMounts=[{"name": "d", "mountPath": "/d"}]),
-            volumes=[{"name": "d", "hostPath": {"path": "/home/kubernetes/bin/nvidia"}}],
-        ),
-        "host-device-access",
-    ),
-    "driver-library-writable": (
-        _pod(
-            "p",
-            _c(gpu=False, volumeMounts=[{"name": "l", "mountPath": "/l"}]),
-            volumes=[{"name": "l", "hostPath": {"path": "/opt/drv/libcuda.so.1"}}],
-        ),
-        "host-device-access",
-    ),
+    "sysfs-writable": (_writable_host("/sys/bus//pci"), "host-device-access"),
+    "gke-driver-writable": (_writable_host("/home/kubernetes/bin/nvidia"), "host-device-access"),
+    "driver-library-writable": (_writable_host("/opt/drv/libcuda.so.1"), "host-device-access"),
     "ack-ledger": (
         {
             **_pod("p", _c(resources={"limits": {"aliyun.com/gpu-mem": "3"}})),
