@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, cast
 import jsonschema
 import yaml
 
+from webhook.core.env import CONTAINER_CLASSES, ContainerClass, channel_of
+
 if TYPE_CHECKING:
     from webhook.core.resources import PodRequests
 
@@ -240,6 +242,35 @@ SCHEMA: Final[dict[str, Any]] = {
                         },
                     },
                 },
+                # The env channel: what a container may set of the names the node's GPU
+                # stack reads (webhook.core.env.channel_of); everything else is refused.
+                "env": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "allowed": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["name"],
+                                "properties": {
+                                    "name": {
+                                        "type": "string",
+                                        "pattern": "^[A-Za-z_][A-Za-z0-9_]*[*]?$",
+                                    },
+                                    "values": {"type": "array", "items": {"type": "string"}},
+                                    "items": _STRINGS,
+                                    "containers": {
+                                        "type": "array",
+                                        "minItems": 1,
+                                        "items": {"enum": ["slice", "whole", "none"]},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
                 "dra": {
                     "type": "object",
                     "additionalProperties": False,
@@ -357,6 +388,37 @@ class Identities:
 
 
 @dataclass(frozen=True, slots=True)
+class EnvAllowance:
+    """One entry of env.allowed: a name (``NAME`` or ``PREFIX*``), what values it may
+    have, and in which containers."""
+
+    name: str
+    # Exact values admitted; None: any value, valueFrom included.
+    values: tuple[str, ...] | None = None
+    # Admitted items of a comma-separated list (the toolkit's NVIDIA_DRIVER_CAPABILITIES:
+    # items are trimmed, empty ones skipped); None: values decides.
+    items: frozenset[str] | None = None
+    containers: frozenset[ContainerClass] = frozenset(CONTAINER_CLASSES)
+
+    @property
+    def prefix(self) -> bool:
+        return self.name.endswith("*")
+
+    def names(self, name: str) -> bool:
+        return name.startswith(self.name[:-1]) if self.prefix else name == self.name
+
+    def admits(self, value: str | None) -> bool:
+        """``value`` (None: from valueFrom or with $(VAR) references) is admitted."""
+        if self.values is None and self.items is None:
+            return True
+        if value is None:
+            return False
+        if self.items is not None:
+            return all(not item.strip() or item.strip() in self.items for item in value.split(","))
+        return self.values is not None and value in self.values
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """A validated policy, compiled for fast lookups."""
 
@@ -434,6 +496,8 @@ class Policy:
     # (deviceclass.resource.kubernetes.io/<class>, class) of each GPU device class: the
     # extended resource DRA serves the class under (DRAExtendedResource).
     gpu_class_resources: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
+    # env.allowed: what the env channel admits (env_admits).
+    env_allowances: tuple[EnvAllowance, ...] = ()
     # The count resource each slice resource implies when asked for alone (implied_count).
     implied_counts: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
@@ -541,6 +605,30 @@ class Policy:
         names = list(names)
         domains = tuple(n.split("/", 1)[0] + "/" for n in names if n not in self.count_resources)
         return [n for n in names if n not in self.count_resources or not n.startswith(domains)]
+
+    def env_allowances_for(self, name: str) -> tuple[EnvAllowance, ...]:
+        """The entries of env.allowed that decide ``name``: those naming it exactly, else
+        those of its longest matching prefix (a narrower entry closes what a wider one
+        opens: NVIDIA_REQUIRE_* is open, NVIDIA_REQUIRE_JETPACK is not)."""
+        exact = tuple(a for a in self.env_allowances if not a.prefix and a.name == name)
+        if exact:
+            return exact
+        matching = [a for a in self.env_allowances if a.prefix and a.names(name)]
+        if not matching:
+            return ()
+        longest = max(len(a.name) for a in matching)
+        return tuple(a for a in matching if len(a.name) == longest)
+
+    def env_admits(self, name: str, value: str | None, container: ContainerClass) -> bool:
+        """env.allowed admits ``name`` = ``value`` in a ``container`` of that class."""
+        return any(
+            container in a.containers and a.admits(value) for a in self.env_allowances_for(name)
+        )
+
+    def env_admits_anywhere(self, name: str, value: str | None) -> bool:
+        """Admitted in every class of container: what a ConfigMap or Secret may carry,
+        not knowing which container envFrom hands it to."""
+        return all(self.env_admits(name, value, c) for c in CONTAINER_CLASSES)
 
     def is_gpu_resource(self, name: str) -> bool:
         return name in self.gpu_resources or name.startswith(self.mig_prefixes)
@@ -687,7 +775,8 @@ def parse_policy(text: str, *, base: Policy | None, source: str = "<policy>") ->
     if checked is not None and (checked is document or not any(_VALIDATOR.iter_errors(checked))):
         policy = compile_policy(checked, base=base)
         # Checked on the compiled policy: whether a name is a GPU resource depends on the base.
-        for path, why in _scheduler_problems(checked, policy) + _mig_problems(policy):
+        problems = _scheduler_problems(checked, policy) + _mig_problems(policy)
+        for path, why in problems + _env_problems(checked):
             found.append((_position_of(node, path), ".".join(map(str, path)), why))
     if found or policy is None:
         found.sort()
@@ -826,7 +915,44 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         ),
         gpu_device_classes=tuple(spec["dra"]["deviceClasses"]),
         claim_namespaces=tuple(spec["dra"]["allowedNamespaces"]),
+        env_allowances=tuple(_env_allowance(entry) for entry in spec["env"]["allowed"]),
     )
+
+
+def _env_allowance(entry: Mapping[str, Any]) -> EnvAllowance:
+    values = entry.get("values")
+    items = entry.get("items")
+    return EnvAllowance(
+        name=entry["name"],
+        values=tuple(values) if values is not None else None,
+        items=frozenset(items) if items is not None else None,
+        containers=frozenset(entry.get("containers", CONTAINER_CLASSES)),
+    )
+
+
+def _env_problems(document: Mapping[str, Any]) -> list[tuple[list[Any], str]]:
+    """env.allowed entries that name nothing the env channel guards (a typo would
+    otherwise open nothing, silently), or give both values and items."""
+    problems: list[tuple[list[Any], str]] = []
+    entries = document.get("spec", {}).get("env", {}).get("allowed", [])
+    for index, entry in enumerate(entries if isinstance(entries, list) else ()):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            continue
+        name = entry["name"]
+        probe = name[:-1] + "X" if name.endswith("*") else name
+        path = ["spec", "env", "allowed", index, "name"]
+        if channel_of(probe) is None:
+            problems.append(
+                (
+                    path,
+                    f"{name} is no name the node's GPU stack reads (NVIDIA_*, "
+                    "DOCKER_RESOURCE_*, CUDA_VERSION, HAMi-core's and CUDA_MPS_*): it is "
+                    "admitted already",
+                )
+            )
+        if "values" in entry and "items" in entry:
+            problems.append(([*path[:-1], "items"], "give values or items, not both"))
+    return problems
 
 
 def _scheduler_maps(

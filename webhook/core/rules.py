@@ -8,7 +8,18 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
 
-from webhook.core.env import effective_env, env_value, legacy_image, opaque, spelling_prefixes
+from webhook.core.env import (
+    CHANNEL_RULES,
+    CONTAINER_CLASSES,
+    ContainerClass,
+    channel_of,
+    effective_env,
+    env_value,
+    legacy_image,
+    managed,
+    opaque,
+    spelling_prefixes,
+)
 from webhook.core.finding import Finding, quoted
 from webhook.core.injection import (
     MPS_LIMIT_VARS,
@@ -56,6 +67,17 @@ _SWITCHES: Final = frozenset(
     }
 )
 _JUDGED_ENV: Final = frozenset({"NVIDIA_VISIBLE_DEVICES"})
+# What every guarded name starts with: one startswith per env entry turns nearly all away.
+_CHANNEL_STARTS: Final = (
+    "NVIDIA_",
+    "DOCKER_RESOURCE_",
+    "CUDA_",
+    "LIBCUDA_",
+    "ACTIVE_OOM",
+    "GPU_CORE",
+    "RECORD_KERNEL",
+    "CGPU_",
+)
 _GPU_JUDGED_ENV: Final = _JUDGED_ENV | _SWITCHES
 # A percent as ASCII digits: str.isdigit() takes "\u00b2", and int() then raises.
 _PERCENT: Final = re.compile(r"[0-9]{1,9}")
@@ -307,6 +329,59 @@ def variable_findings(
             yield Finding("limit-tampering", f"{label}: {name}{shown}{source} {why}; remove it")
 
 
+# Who reads each channel's names, for the messages.
+_READERS: Final = {
+    "raw-visible-devices": "the NVIDIA container runtime",
+    "limit-tampering": "HAMi-core or the MPS client",
+}
+_CLASS_WORDS: Final[dict[str, str]] = {
+    "slice": "containers that ask for part of a GPU",
+    "whole": "containers that ask only for whole GPUs",
+    "none": "containers that ask for no GPU",
+}
+
+
+def _classes(subject: Subject, policy: Policy) -> dict[tuple[str, int], ContainerClass]:
+    """(kind, index) of each container that asks for a GPU, and what it is to the env
+    allowlist: a slice (memory, cores, a MIG instance, a vGPU count) or whole GPUs only."""
+    classes: dict[tuple[str, int], ContainerClass] = {}
+    for request in subject.requests.containers:
+        whole = (
+            not request.mig
+            and request.memory_mib is None
+            and request.memory_percentage is None
+            and request.cores is None
+            and all(name in policy.whole_gpu_resources for name in request.sharing_resources)
+        )
+        classes[request.kind, request.index] = "whole" if whole else "slice"
+    return classes
+
+
+def _allowlist_finding(
+    label: str, name: str, value: str | None, klass: ContainerClass, policy: Policy
+) -> Finding | None:
+    """The env channel's default-deny on one entry of a guarded name that no rule of its
+    own judges (webhook.core.env.channel_of, managed)."""
+    channel = channel_of(name)
+    if channel is None or managed(name):
+        return None
+    shown_value = None if opaque(value) else value
+    if policy.env_admits(name, shown_value, klass):
+        return None
+    rule = CHANNEL_RULES[channel]
+    shown = "from valueFrom" if value is None else f"={quoted(value[:40])}"
+    where = [c for c in CONTAINER_CLASSES if c != klass and policy.env_admits(name, shown_value, c)]
+    if where:
+        hint = "; the policy's env.allowed admits it only in " + " and ".join(
+            _CLASS_WORDS[c] for c in where
+        )
+    elif policy.env_allowances_for(name):
+        hint = "; that value is not one the policy's env.allowed admits"
+    else:
+        hint = "; no entry of the policy's env.allowed admits it"
+    return Finding(rule, f"{label}: {name}{shown} is read by {_READERS[rule]}{hint}; remove it")
+
+
 def _mount_findings(
     kind: ContainerKind, container: Mapping[str, Any], mounts: list[Any], read_only: frozenset[str]
 ) -> list[Finding]:
@@ -342,6 +417,31 @@ def _mount_findings(
     return found
 
 
+def _shared_host_volumes(spec: Mapping[str, Any], policy: Policy) -> frozenset[str]:
+    """Names of the pod's hostPath volumes of a file every vGPU or MPS pod of the node
+    shares (the library, the preload file, the MPS pipe directory), whatever the volume
+    is called and whether or not the pod asks for a GPU: a writable mount of one, even in
+    a debug container added later to a pod admitted under an older policy, rewrites it
+    for every pod of the node."""
+    volumes = spec.get("volumes")
+    if not isinstance(volumes, list):
+        return frozenset()
+    shared = {
+        normalised(policy.library_host_path),
+        normalised(policy.preload_host_path),
+        normalised(policy.mps_pipe_directory),
+    }
+    names: set[str] = set()
+    for volume in volumes:
+        if isinstance(volume, MAPPINGS):
+            host = volume.get("hostPath")
+            if isinstance(host, MAPPINGS):
+                path, name = host.get("path"), volume.get("name")
+                if isinstance(path, str) and isinstance(name, str) and normalised(path) in shared:
+                    names.add(name)
+    return frozenset(names)
+
+
 def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     """The rules that look inside each container, in one walk over every container,
     init container and ephemeral container: privileged-gpu, raw-visible-devices,
@@ -352,15 +452,19 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     legacy = subject.phase == "validate" or not subject.created
     # The env names variable_findings judges: one set lookup per entry.
     judged = _GPU_JUDGED_ENV if gpu else _JUDGED_ENV
-    read_only = subject.injection.read_only_volumes
     spec = subject.view.spec
+    read_only = subject.injection.read_only_volumes | _shared_host_volumes(spec, policy)
+    classes = _classes(subject, policy) if gpu else {}
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
         if not isinstance(containers, list):
             continue
-        for container in containers:
+        for index, container in enumerate(containers):
             if not isinstance(container, MAPPINGS):
                 continue
+            klass = classes.get((kind, index))
+            if klass is None:
+                klass = "whole" if gpu and asks_for_gpu(container, policy) else "none"
             if gpu:
                 context = as_mapping(container.get("securityContext"))
                 if context.get("privileged") is True:
@@ -397,10 +501,20 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
             for entry in env if isinstance(env, list) else ():
                 if isinstance(entry, MAPPINGS):
                     name = entry.get("name")
-                    if isinstance(name, str) and name in judged:
+                    if not isinstance(name, str):
+                        continue
+                    if name in judged:
                         yield from variable_findings(
                             _label(kind, container), name, env_value(entry), gpu=gpu, policy=policy
                         )
+                    elif name.startswith(_CHANNEL_STARTS) and (
+                        gpu or channel_of(name) == "devices"
+                    ):
+                        finding = _allowlist_finding(
+                            _label(kind, container), name, env_value(entry), klass, policy
+                        )
+                        if finding is not None:
+                            yield finding
             mounts = container.get("volumeMounts")
             if isinstance(mounts, list):
                 yield from _mount_findings(kind, container, mounts, read_only)
