@@ -461,6 +461,36 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         _pod("p", _c(gpu=False, envFrom=[{"prefix": "NVIDIA_", "configMapRef": {"name": "e"}}])),
         "raw-visible-devices",
     ),
+    # The env channel: env.allowed decides by name, value and container class.
+    "gds-in-slice": (_pod("p", _c(env=_env(("NVIDIA_GDS", "enabled")))), "raw-visible-devices"),
+    "imex-in-plain": (
+        _pod("p", _c(gpu=False, env=_env(("NVIDIA_IMEX_CHANNELS", "0")))),
+        "raw-visible-devices",
+    ),
+    "graphics-in-slice": (
+        _pod("p", _c(env=_env(("NVIDIA_DRIVER_CAPABILITIES", "compute, graphics")))),
+        "raw-visible-devices",
+    ),
+    "capabilities-from-field": (
+        _pod("p", _c(env=_env(("NVIDIA_DRIVER_CAPABILITIES", _FIELD)))),
+        "raw-visible-devices",
+    ),
+    "jetpack-csv": (
+        _pod("p", _c(gpu=False, env=_env(("NVIDIA_REQUIRE_JETPACK", "csv-mounts=all")))),
+        "raw-visible-devices",
+    ),
+    "swarm-resource": (
+        _pod("p", _c(gpu=False, env=_env(("DOCKER_RESOURCE_GPU", "0")))),
+        "raw-visible-devices",
+    ),
+    "record-kernel-interval": (
+        _pod("p", _c(env=_env(("RECORD_KERNEL_INTERVAL", "1")))),
+        "limit-tampering",
+    ),
+    "mps-client-priority": (
+        _pod("p", _c(env=_env(("CUDA_MPS_CLIENT_PRIORITY", "5")))),
+        "limit-tampering",
+    ),
     "host-pid": (_pod("p", _c(), hostPID=True), "host-device-access"),
     "host-ipc-vgpu": (_pod("p", _c(), hostIPC=True), "host-device-access"),
     "sysfs-writable": (_writable_host("/sys/bus//pci"), "host-device-access"),
@@ -545,6 +575,31 @@ ADMITTED: Final[dict[str, Obj]] = {
     "plain": _pod("p", _c(gpu=False)),
     "plain-privileged": _pod("p", _c(gpu=False, securityContext={"privileged": True})),
     "plain-node-name": _pod("p", _c(gpu=False), nodeName="node-1"),
+    "whole-gpu-gates": _pod(
+        "p",
+        _c(
+            gpu=False,
+            resources={"limits": {"nvidia.com/gpu": "1"}},
+            env=_env(
+                ("NVIDIA_GDS", "enabled"),
+                ("NVIDIA_IMEX_CHANNELS", "0"),
+                ("NVIDIA_DRIVER_CAPABILITIES", "all"),
+            ),
+        ),
+    ),
+    "workload-env": _pod(
+        "p",
+        _c(
+            gpu=False,
+            env=_env(
+                ("NVIDIA_DRIVER_CAPABILITIES", " compute,utility ,video"),
+                ("NVIDIA_REQUIRE_CUDA", "cuda>=12.4"),
+                ("NVIDIA_API_KEY", _FIELD),
+                ("CUDA_VISIBLE_DEVICES", "0"),
+                ("NVIDIA_VISIBLE_DEVICES", "void"),
+            ),
+        ),
+    ),
     "gpu": _pod("p", _c()),
     "gpu-settings": _pod(
         "p",
@@ -721,6 +776,27 @@ SOURCES: Final[dict[str, tuple[str, Obj, str | None]]] = {
         _source("DeviceClass", spec={"extendedResourceName": "nvidia.com/gpu"}),
         "gpu-claim",
     ),
+    "config-map-gds": (
+        "ConfigMap",
+        _source("ConfigMap", data={"NVIDIA_GDS": "enabled"}),
+        "raw-visible-devices",
+    ),
+    "config-map-graphics": (
+        "ConfigMap",
+        _source("ConfigMap", data={"NVIDIA_DRIVER_CAPABILITIES": "graphics"}),
+        "raw-visible-devices",
+    ),
+    "secret-capabilities": (
+        "Secret",
+        _source("Secret", stringData={"NVIDIA_DRIVER_CAPABILITIES": "compute"}),
+        "raw-visible-devices",
+    ),
+    "config-map-capabilities": (
+        "ConfigMap",
+        _source("ConfigMap", data={"NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}),
+        None,
+    ),
+    "secret-api-key": ("Secret", _source("Secret", stringData={"NVIDIA_API_KEY": "x"}), None),
     "config-map-plain": ("ConfigMap", _source("ConfigMap", data={"LANG": "C"}), None),
     "secret-plain": ("Secret", _source("Secret", stringData={"TOKEN": "x"}), None),
     "claim-fpga": (

@@ -414,7 +414,10 @@ class EnvAllowance:
         if value is None:
             return False
         if self.items is not None:
-            return all(not item.strip() or item.strip() in self.items for item in value.split(","))
+            # Blanks and tabs only: the toolkit trims more, and an odd space refused is safe.
+            return all(
+                not (word := item.strip(" \t")) or word in self.items for item in value.split(",")
+            )
         return self.values is not None and value in self.values
 
 

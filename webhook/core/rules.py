@@ -341,20 +341,21 @@ _CLASS_WORDS: Final[dict[str, str]] = {
 }
 
 
-def _classes(subject: Subject, policy: Policy) -> dict[tuple[str, int], ContainerClass]:
-    """(kind, index) of each container that asks for a GPU, and what it is to the env
-    allowlist: a slice (memory, cores, a MIG instance, a vGPU count) or whole GPUs only."""
-    classes: dict[tuple[str, int], ContainerClass] = {}
-    for request in subject.requests.containers:
-        whole = (
-            not request.mig
-            and request.memory_mib is None
-            and request.memory_percentage is None
-            and request.cores is None
-            and all(name in policy.whole_gpu_resources for name in request.sharing_resources)
-        )
-        classes[request.kind, request.index] = "whole" if whole else "slice"
-    return classes
+def container_class(container: Mapping[str, Any], policy: Policy) -> ContainerClass:
+    """What a container is to the env allowlist: it asks only for whole GPUs (the policy's
+    wholeGpus.resources, beside a priority; or a GPU another way: a claim, another
+    vendor's resource), for part of one (memory, cores, a MIG instance, a vGPU count:
+    a slice), or for none."""
+    resources = as_mapping(container.get("resources"))
+    asked: set[str] = set()
+    for part in ("limits", "requests"):
+        for name in as_mapping(resources.get(part)):
+            if isinstance(name, str) and policy.is_gpu_resource(name):
+                asked.add(name)
+    asked -= policy.priority_resources
+    if asked:
+        return "whole" if asked <= policy.whole_gpu_resources else "slice"
+    return "whole" if asks_for_gpu(container, policy) else "none"
 
 
 def _allowlist_finding(
@@ -454,17 +455,13 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     judged = _GPU_JUDGED_ENV if gpu else _JUDGED_ENV
     spec = subject.view.spec
     read_only = subject.injection.read_only_volumes | _shared_host_volumes(spec, policy)
-    classes = _classes(subject, policy) if gpu else {}
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
         if not isinstance(containers, list):
             continue
-        for index, container in enumerate(containers):
+        for container in containers:
             if not isinstance(container, MAPPINGS):
                 continue
-            klass = classes.get((kind, index))
-            if klass is None:
-                klass = "whole" if gpu and asks_for_gpu(container, policy) else "none"
             if gpu:
                 context = as_mapping(container.get("securityContext"))
                 if context.get("privileged") is True:
@@ -497,6 +494,7 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                     "NVIDIA_VISIBLE_DEVICES or a HAMi-core switch from a key; remove the prefix",
                 )
             env = container.get("env")
+            klass: ContainerClass | None = None  # asked for at the first guarded name
             # Every entry counts, not only the last: runtimes differ on which duplicate wins.
             for entry in env if isinstance(env, list) else ():
                 if isinstance(entry, MAPPINGS):
@@ -510,6 +508,8 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                     elif name.startswith(_CHANNEL_STARTS) and (
                         gpu or channel_of(name) == "devices"
                     ):
+                        if klass is None:
+                            klass = container_class(container, policy)
                         finding = _allowlist_finding(
                             _label(kind, container), name, env_value(entry), klass, policy
                         )

@@ -111,10 +111,23 @@ validates the object before validating admission, and refuses one without them.
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from webhook.core.env import GUARDED_NAMES, GUARDED_PREFIXES
+from webhook.core.env import (
+    CONTAINER_CLASSES,
+    DEVICE_NAMES,
+    DEVICE_PREFIXES,
+    GUARDED_NAMES,
+    GUARDED_PREFIXES,
+    LIMIT_NAMES,
+    LIMIT_PREFIXES,
+    MANAGED_NAMES,
+    MANAGED_PREFIXES,
+    Channel,
+    ContainerClass,
+)
 from webhook.core.injection import (
     CACHE_DIR,
     LIBRARY_PATH,
@@ -128,6 +141,7 @@ from webhook.core.policy import (
     DEVICE_CLASS_RESOURCE,
     MODES,
     Action,
+    EnvAllowance,
     Identities,
     Ledger,
     Mode,
@@ -618,9 +632,100 @@ def _legacy(c: str) -> str:
 
 def _spells(prefix: str) -> str:
     """``env.spells_guarded`` of the CEL string ``prefix``."""
+    names = (*GUARDED_NAMES, *DEVICE_NAMES, *LIMIT_NAMES)
+    prefixes = (*GUARDED_PREFIXES, *DEVICE_PREFIXES, *LIMIT_PREFIXES)
     return (
-        f"{_list(GUARDED_NAMES)}.exists(n, n.startsWith({prefix}) && n != {prefix}) || "
-        f"{_list(GUARDED_PREFIXES)}.exists(n, n.startsWith({prefix}) || {prefix}.startsWith(n))"
+        f"{_list(names)}.exists(n, n.startsWith({prefix}) && n != {prefix}) || "
+        f"{_list(prefixes)}.exists(n, n.startsWith({prefix}) || {prefix}.startsWith(n))"
+    )
+
+
+# ------------------------------------------------------------------ the env allowlist
+
+
+def _starts(name: str, prefixes: Iterable[str]) -> list[str]:
+    return [f"{name}.startsWith({literal(p)})" for p in prefixes]
+
+
+def channel_test(name: str, channel: Channel) -> str:
+    """``env.channel_of(name) == channel`` of the CEL string ``name``."""
+    if channel == "devices":
+        terms = [*_starts(name, DEVICE_PREFIXES), f"{name} in {_list(DEVICE_NAMES)}"]
+    else:
+        terms = [f"{name} in {_list(LIMIT_NAMES)}", *_starts(name, LIMIT_PREFIXES)]
+    return " || ".join(terms)
+
+
+def _managed(name: str) -> str:
+    """``env.managed`` of the CEL string ``name``."""
+    terms = [f"{name} in {_list(sorted(MANAGED_NAMES))}", *_starts(name, MANAGED_PREFIXES)]
+    return " || ".join(terms)
+
+
+def _slice_test(policy: Policy, c: str) -> str:
+    """Container ``c`` asks for part of a GPU (``rules.container_class`` 'slice')."""
+    parts = sorted(policy.gpu_resources - policy.priority_resources - policy.whole_gpu_resources)
+    listed = [f"r in {_list(parts)}"] if parts else []
+    return asks_test(c, " || ".join([*listed, _mig_test(policy)]))
+
+
+def _items_regex(items: Iterable[str]) -> str:
+    """``EnvAllowance.admits``' comma list: each item, blanks and tabs around it dropped,
+    empty or among ``items``."""
+    words = "|".join(re.escape(item) for item in sorted(items))
+    item = f"[ \\t]*(?:{words})?[ \\t]*"
+    return f"^{item}(?:,{item})*$"
+
+
+def _allowance_test(allowance: EnvAllowance, value: str, opaque: str) -> str:
+    """``EnvAllowance.admits`` of the CEL string ``value`` (unknown where ``opaque`` holds)."""
+    if allowance.items is not None:
+        return f"!({opaque}) && {value}.matches({literal(_items_regex(allowance.items))})"
+    if allowance.values is not None:
+        return f"!({opaque}) && {value} in {_list(allowance.values)}"
+    return "true"
+
+
+def env_admitted(policy: Policy, name: str, value: str, opaque: str, klass: ContainerClass) -> str:
+    """``Policy.env_admits`` of the CEL strings ``name`` = ``value`` (unknown where
+    ``opaque`` holds) in a container of class ``klass``: the entries naming it exactly
+    decide, else those of its longest prefix; an entry for other classes admits nothing."""
+    exact: dict[str, list[EnvAllowance]] = {}
+    prefixed: dict[str, list[EnvAllowance]] = {}
+    for allowance in policy.env_allowances:
+        group = prefixed if allowance.prefix else exact
+        group.setdefault(allowance.name.rstrip("*"), []).append(allowance)
+
+    def any_of(allowances: list[EnvAllowance]) -> str:
+        tests = [
+            f"({_allowance_test(a, value, opaque)})" for a in allowances if klass in a.containers
+        ]
+        return " || ".join(tests) or "false"
+
+    branches = [f"{name} == {literal(n)} ? ({any_of(a)})" for n, a in sorted(exact.items())]
+    branches += [
+        f"{name}.startsWith({literal(p)}) ? ({any_of(prefixed[p])})"
+        for p in sorted(prefixed, key=lambda p: (-len(p), p))
+    ]
+    return " : ".join([*branches, "false"])
+
+
+def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
+    """Some container sets a name of ``channel`` that no rule of its own judges and that
+    the policy's env.allowed does not admit in a container of its class (the class
+    decided once per container, each branch with the allowlist of its class)."""
+
+    def unadmitted(klass: ContainerClass) -> str:
+        admitted = env_admitted(policy, "e.name", _value("e"), _opaque("e"), klass)
+        return (
+            f"c.env.exists(e, has(e.name) && ({channel_test('e.name', channel)}) && "
+            f"!({_managed('e.name')}) && !({admitted}))"
+        )
+
+    return (
+        f"{containers}.exists(c, has(c.env) && (({_slice_test(policy, 'c')}) ? "
+        f"{unadmitted('slice')} : ({_asks_for_gpu(policy, 'c')}) ? "
+        f"{unadmitted('whole')} : {unadmitted('none')}))"
     )
 
 
@@ -636,7 +741,8 @@ def _visible_devices(policy: Policy) -> PodTest:
             f"{containers}.exists(c, has(c.envFrom) && c.envFrom.exists(s, has(s.prefix) && "
             f"s.prefix != '' && ({_spells('s.prefix')})))"
         )
-        return f"({raw}) || ({legacy}) || ({prefixes})"
+        unadmitted = _unadmitted_env(policy, containers, "devices")
+        return f"({raw}) || ({legacy}) || ({prefixes}) || ({unadmitted})"
 
     return test
 
@@ -661,7 +767,8 @@ def loosening(policy: Policy, entry: str) -> str:
 
 def _switches(policy: Policy) -> PodTest:
     def test(containers: str, gpu: str, spec: str) -> str:
-        return f"{gpu} && " + _env_exists(containers, loosening(policy, "e"))
+        switched = _env_exists(containers, loosening(policy, "e"))
+        return f"{gpu} && (({switched}) || ({_unadmitted_env(policy, containers, 'limits')}))"
 
     return test
 
@@ -1592,13 +1699,22 @@ POLICY_NAMES: Final = tuple(
 # ------------------------------------------------------------------- written sources
 
 
-def _env_source_expression() -> str:
-    """raw-visible-devices of a ConfigMap or Secret: no key is a guarded name
-    (``env.guarded``). The apiserver folds a Secret's stringData into data first."""
-    kinds = _list(sorted(ENV_SOURCES))
-    test = f"k in {_list(GUARDED_NAMES)} || " + " || ".join(
+def _env_source_expression(policy: Policy) -> str:
+    """raw-visible-devices of a ConfigMap or Secret (``objects.unadmitted_key``): no key is
+    a guarded name, or a name of a guarded channel that env.allowed does not admit in every
+    class of container (a Secret's values unread). The apiserver folds a Secret's
+    stringData into data first."""
+    guarded = f"k in {_list(GUARDED_NAMES)} || " + " || ".join(
         f"k.startsWith({literal(p)})" for p in GUARDED_PREFIXES
     )
+    channels = f"({channel_test('k', 'devices')}) || ({channel_test('k', 'limits')})"
+    unread = "request.kind.kind == 'Secret'"
+    anywhere = " && ".join(
+        f"({env_admitted(policy, 'k', 'object.data[k]', unread, klass)})"
+        for klass in CONTAINER_CLASSES
+    )
+    test = f"({guarded}) || (({channels}) && !({anywhere}))"
+    kinds = _list(sorted(ENV_SOURCES))
     return f"!(request.kind.kind in {kinds} && has(object.data) && object.data.exists(k, {test}))"
 
 
@@ -1731,7 +1847,7 @@ def _source_policies(policy: Policy, namespace: str) -> list[Obj]:
     policy of their own so that a ConfigMap write evaluates two expressions, not the pod
     rules' variables."""
     expressions = {
-        "raw-visible-devices": _env_source_expression(),
+        "raw-visible-devices": _env_source_expression(policy),
         "gpu-claim": _claim_expression(policy),
     }
     by_action: dict[Action, list[Obj]] = {}

@@ -50,6 +50,7 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final, TypedDict
 
+from webhook.core.env import DEVICE_PREFIXES
 from webhook.core.injection import (
     VOLUME_CACHE,
     VOLUME_LIBRARY,
@@ -160,10 +161,12 @@ def _container_test(policy: Policy, c: str) -> str:
             f"has({c}.resources) && ("
             f"(has({c}.resources.limits) && {c}.resources.limits.exists(r, {gpu})) || "
             f"(has({c}.resources.requests) && {c}.resources.requests.exists(r, {gpu})))",
-            # NVIDIA_VISIBLE_DEVICES is judged; CUDA_VERSION and the other NVIDIA_* names
-            # get the containers that ask for no GPU their void.
+            # The toolkit's names (env.DEVICE_PREFIXES) are judged in any pod; CUDA_VERSION
+            # and the NVIDIA_* names get the containers that ask for no GPU their void.
             f"has({c}.env) && {c}.env.exists(e, has(e.name) && "
-            f"(e.name == {literal(CUDA_VERSION)} || e.name.startsWith({literal(NVIDIA_PREFIX)})))",
+            f"(e.name == {literal(CUDA_VERSION)} || "
+            + " || ".join(f"e.name.startsWith({literal(p)})" for p in DEVICE_PREFIXES)
+            + "))",
             # A prefix can spell a guarded name from a key the write-time guard allowed.
             f"has({c}.envFrom) && {c}.envFrom.exists(s, has(s.prefix) && s.prefix != '')",
             f"has({c}.volumeMounts) && {c}.volumeMounts.exists(m, "
