@@ -251,3 +251,47 @@ def test_env_from_prefix_that_spells_a_guarded_family_is_refused(prefix: str) ->
 def test_env_of_is_unchanged_for_admitted_names() -> None:
     obj = in_whole(env("NVIDIA_DRIVER_CAPABILITIES", "compute,utility"))
     assert env_of(review(obj)["object"])["NVIDIA_DRIVER_CAPABILITIES"] == "compute,utility"
+
+
+# --------------------------------------------------------------------- the device pins
+
+PINS: Final = {
+    "NVIDIA_GDS": "disabled",
+    "NVIDIA_MOFED": "disabled",
+    "NVIDIA_GDRCOPY": "disabled",
+    "NVIDIA_NVSWITCH": "disabled",
+    "NVIDIA_IMEX_CHANNELS": "void",
+}
+
+
+def test_a_slice_container_gets_every_device_pin() -> None:
+    # An image baking NVIDIA_GDS=enabled loses to the pod's env (containerd's WithEnv).
+    final = env_of(review(in_slice())["object"])
+    assert {name: final.get(name) for name in PINS} == PINS
+
+
+def test_the_pins_are_admitted_anywhere_and_idempotent() -> None:
+    entry = review(in_slice())
+    again = review(entry["object"])
+    assert_clean(again)
+    assert again["object"] == entry["object"]
+
+
+@pytest.mark.parametrize("where", [in_whole, in_plain])
+def test_no_pin_outside_slices(where: Any) -> None:
+    final = env_of(review(where())["object"])
+    assert not set(PINS) & set(final)
+
+
+def test_a_value_the_user_set_is_judged_not_pinned_over() -> None:
+    verdict = review(in_slice(env("NVIDIA_IMEX_CHANNELS", "void"), env("NVIDIA_GDS", "disabled")))
+    assert verdict["allowed"], verdict["violations"]
+    final = verdict["object"]["spec"]["containers"][0]["env"]
+    assert [e["value"] for e in final if e["name"] == "NVIDIA_GDS"] == ["disabled"]
+
+
+def test_a_gate_the_policy_opens_for_slices_is_not_pinned() -> None:
+    policy = policy_with("  env:\n    allowed:\n      - {name: NVIDIA_GDS}\n")
+    final = env_of(review(in_slice(), policy)["object"])
+    assert "NVIDIA_GDS" not in final
+    assert final["NVIDIA_MOFED"] == "disabled"

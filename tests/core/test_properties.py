@@ -59,6 +59,8 @@ INJECTED_MOUNT_PATHS: Final = frozenset(
 OWNED_ENV: Final = re.compile(
     r"LD_PRELOAD|NVIDIA_VISIBLE_DEVICES|GPU_CORE_UTILIZATION_POLICY|CUDA_DEVICE_\w*"
     r"|CUDA_MPS_\w*|CUDA_TASK_PRIORITY|CUDA_REDIRECT|ACTIVE_OOM_KILLER"
+    # The device pins (env.DEVICE_PINS), set only where the user set none.
+    r"|NVIDIA_GDS|NVIDIA_MOFED|NVIDIA_GDRCOPY|NVIDIA_NVSWITCH|NVIDIA_IMEX_CHANNELS"
 )
 # Stray limit variables the mutation removes by design.
 STRAY_ENV: Final = re.compile(r"CUDA_DEVICE_MEMORY_LIMIT\w*|CUDA_DEVICE_SM_LIMIT_\w*")

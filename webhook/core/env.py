@@ -126,6 +126,22 @@ def managed(name: str) -> bool:
     return name in MANAGED_NAMES or name.startswith(MANAGED_PREFIXES)
 
 
+# What grants nothing, for each name that adds device nodes beside a device list (the
+# gated modifiers, internal/modifier/cdi.go:133-145: only "enabled" counts; IMEX channels,
+# cuda_image.go:148-176: "void" is none). Image ENV cannot be seen, so the mutation pins
+# these in a slice container's pod env (containerd's WithEnv replaces the image's value
+# with the CRI's) unless the container sets the name itself (judged by env.allowed) or
+# the policy admits it in slices with any value (then a device plugin or image may
+# grant it on purpose: HAMi's device plugin sets the first three when its flags are on).
+DEVICE_PINS: Final[Mapping[str, str]] = {
+    "NVIDIA_GDS": "disabled",
+    "NVIDIA_MOFED": "disabled",
+    "NVIDIA_GDRCOPY": "disabled",
+    "NVIDIA_NVSWITCH": "disabled",
+    "NVIDIA_IMEX_CHANNELS": "void",
+}
+
+
 # What a container is to the allowlist: it asks for part of a GPU (vGPU memory or cores,
 # MPS, a MIG instance: "slice"), only for a count of whole GPUs ("whole"), or for none.
 ContainerClass = Literal["slice", "whole", "none"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from webhook.core.env import env_value, names_nvidia_env
+from webhook.core.env import DEVICE_PINS, ContainerClass, env_value, names_nvidia_env
 from webhook.core.finding import quoted
 from webhook.core.injection import (
     CACHE_DIR,
@@ -30,7 +30,7 @@ from webhook.core.injection import (
     same_volume,
 )
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
-from webhook.core.resources import ContainerRequest, PodRequests, asks_for_gpu
+from webhook.core.resources import ContainerRequest, PodRequests, asks_for_gpu, container_class
 from webhook.core.whole import REQUIRED, away_from_pool
 from webhook.core.wire import PatchOp
 from webhook.core.workload import MAPPINGS, PodView, as_mapping
@@ -80,6 +80,9 @@ class Want:
     prepend: bool = False
     report: bool = True
     keep: tuple[str, ...] = ()
+    # Set only where the container does not set the name: its own value is the env
+    # allowlist's to judge (the device pins).
+    absent_only: bool = False
 
 
 # The wants that depend on the policy alone, built once: a Want is never changed.
@@ -97,9 +100,19 @@ _SWITCHES: Final = (
 )
 
 
-def wanted_env(request: ContainerRequest, mode: Mode, policy: Policy) -> list[Want]:
-    """The env vars a sharing container must carry in ``mode``."""
-    wants: list[Want] = []
+_PINS: Final = {
+    (name, value): Want(name, value, report=False, absent_only=True)
+    for name, value in DEVICE_PINS.items()
+}
+
+
+def wanted_env(
+    request: ContainerRequest, mode: Mode, policy: Policy, *, klass: ContainerClass = "slice"
+) -> list[Want]:
+    """The env vars a sharing container of class ``klass`` must carry in ``mode``."""
+    # The device pins of a slice (env.DEVICE_PINS the policy does not open).
+    slice_ = klass == "slice" and mode in ("vgpu", "mps")
+    wants: list[Want] = [_PINS[pin] for pin in policy.device_pins] if slice_ else []
     if mode == "vgpu":
         if policy.preload == "env":
             wants.append(_PRELOAD)
@@ -195,6 +208,8 @@ def _env_ops(
         index = last.get(want.name)
         if index is None:
             appends.append({"name": want.name, "value": want.value})
+            continue
+        if want.absent_only:
             continue
         current = env_value(env[index])
         value = _merged(want, current)
@@ -336,7 +351,7 @@ def _container_ops(
     container = view.spec[request.kind][request.index]
     cp = f"{view.spec_pointer}/{request.kind}/{request.index}"
     label = request.label
-    wants = wanted_env(request, mode, policy)
+    wants = wanted_env(request, mode, policy, klass=container_class(container, policy))
     _env_ops(
         out,
         cp,

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Final, Literal, cast
 import jsonschema
 import yaml
 
-from webhook.core.env import CONTAINER_CLASSES, ContainerClass, channel_of
+from webhook.core.env import CONTAINER_CLASSES, DEVICE_PINS, ContainerClass, channel_of
 
 if TYPE_CHECKING:
     from webhook.core.resources import PodRequests
@@ -501,6 +501,9 @@ class Policy:
     gpu_class_resources: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
     # env.allowed: what the env channel admits (env_admits).
     env_allowances: tuple[EnvAllowance, ...] = ()
+    # (name, value) of each env.DEVICE_PINS entry a slice container gets pinned: those the
+    # policy does not admit in slices with any value.
+    device_pins: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
     # The count resource each slice resource implies when asked for alone (implied_count).
     implied_counts: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
@@ -527,6 +530,12 @@ class Policy:
         )
         self._class_resources()
         object.__setattr__(self, "implied_counts", self._implied_counts())
+        pins = tuple(
+            (name, value)
+            for name, value in DEVICE_PINS.items()
+            if not self.env_admits(name, None, "slice")
+        )
+        object.__setattr__(self, "device_pins", pins)
 
     def _class_resources(self) -> None:
         object.__setattr__(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from webhook.core import quantity
+from webhook.core.env import ContainerClass
 from webhook.core.finding import Finding, quoted
 from webhook.core.policy import Policy
 from webhook.core.workload import MAPPINGS, as_mapping
@@ -340,3 +341,20 @@ def asks_for_gpu(container: Mapping[str, Any], policy: Policy) -> bool:
             ):
                 return True
     return False
+
+
+def container_class(container: Mapping[str, Any], policy: Policy) -> ContainerClass:
+    """What a container is to the env allowlist: it asks only for whole GPUs (the policy's
+    wholeGpus.resources, beside a priority; or a GPU another way: a claim, another
+    vendor's resource), for part of one (memory, cores, a MIG instance, a vGPU count:
+    a slice), or for none."""
+    resources = as_mapping(container.get("resources"))
+    asked: set[str] = set()
+    for part in ("limits", "requests"):
+        for name in as_mapping(resources.get(part)):
+            if isinstance(name, str) and policy.is_gpu_resource(name):
+                asked.add(name)
+    asked -= policy.priority_resources
+    if asked:
+        return "whole" if asked <= policy.whole_gpu_resources else "slice"
+    return "whole" if asks_for_gpu(container, policy) else "none"

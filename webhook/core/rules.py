@@ -11,6 +11,7 @@ from typing import Any, Final, Literal, NamedTuple
 from webhook.core.env import (
     CHANNEL_RULES,
     CONTAINER_CLASSES,
+    DEVICE_PINS,
     ContainerClass,
     channel_of,
     effective_env,
@@ -43,6 +44,7 @@ from webhook.core.resources import (
     ContainerRequest,
     PodRequests,
     asks_for_gpu,
+    container_class,
     describe,
 )
 from webhook.core.whole import pool_selection
@@ -341,30 +343,14 @@ _CLASS_WORDS: Final[dict[str, str]] = {
 }
 
 
-def container_class(container: Mapping[str, Any], policy: Policy) -> ContainerClass:
-    """What a container is to the env allowlist: it asks only for whole GPUs (the policy's
-    wholeGpus.resources, beside a priority; or a GPU another way: a claim, another
-    vendor's resource), for part of one (memory, cores, a MIG instance, a vGPU count:
-    a slice), or for none."""
-    resources = as_mapping(container.get("resources"))
-    asked: set[str] = set()
-    for part in ("limits", "requests"):
-        for name in as_mapping(resources.get(part)):
-            if isinstance(name, str) and policy.is_gpu_resource(name):
-                asked.add(name)
-    asked -= policy.priority_resources
-    if asked:
-        return "whole" if asked <= policy.whole_gpu_resources else "slice"
-    return "whole" if asks_for_gpu(container, policy) else "none"
-
-
 def _allowlist_finding(
     label: str, name: str, value: str | None, klass: ContainerClass, policy: Policy
 ) -> Finding | None:
     """The env channel's default-deny on one entry of a guarded name that no rule of its
     own judges (webhook.core.env.channel_of, managed)."""
     channel = channel_of(name)
-    if channel is None or managed(name):
+    # A device pin's value grants nothing: what the mutation sets is no violation.
+    if channel is None or managed(name) or (value is not None and DEVICE_PINS.get(name) == value):
         return None
     shown_value = None if opaque(value) else value
     if policy.env_admits(name, shown_value, klass):

@@ -118,6 +118,7 @@ from typing import Any, Final
 from webhook.core.env import (
     CONTAINER_CLASSES,
     DEVICE_NAMES,
+    DEVICE_PINS,
     DEVICE_PREFIXES,
     GUARDED_NAMES,
     GUARDED_PREFIXES,
@@ -662,7 +663,7 @@ def _managed(name: str) -> str:
     return " || ".join(terms)
 
 
-def _slice_test(policy: Policy, c: str) -> str:
+def slice_test(policy: Policy, c: str) -> str:
     """Container ``c`` asks for part of a GPU (``rules.container_class`` 'slice')."""
     parts = sorted(policy.gpu_resources - policy.priority_resources - policy.whole_gpu_resources)
     listed = [f"r in {_list(parts)}"] if parts else []
@@ -715,15 +716,21 @@ def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
     the policy's env.allowed does not admit in a container of its class (the class
     decided once per container, each branch with the allowlist of its class)."""
 
+    # A device pin's value grants nothing (rules._allowlist_finding).
+    pinned = " || ".join(
+        f"(e.name == {literal(name)} && !has(e.valueFrom) && {_value('e')} == {literal(value)})"
+        for name, value in DEVICE_PINS.items()
+    )
+
     def unadmitted(klass: ContainerClass) -> str:
         admitted = env_admitted(policy, "e.name", _value("e"), _opaque("e"), klass)
         return (
             f"c.env.exists(e, has(e.name) && ({channel_test('e.name', channel)}) && "
-            f"!({_managed('e.name')}) && !({admitted}))"
+            f"!({_managed('e.name')}) && !({pinned}) && !({admitted}))"
         )
 
     return (
-        f"{containers}.exists(c, has(c.env) && (({_slice_test(policy, 'c')}) ? "
+        f"{containers}.exists(c, has(c.env) && (({slice_test(policy, 'c')}) ? "
         f"{unadmitted('slice')} : ({_asks_for_gpu(policy, 'c')}) ? "
         f"{unadmitted('whole')} : {unadmitted('none')}))"
     )
@@ -1367,7 +1374,12 @@ def _container_mutated(policy: Policy, mode: Mode) -> str:
         f"{literal(mount['mountPath'])} && {_same_mount('m', mount)})"
         for mount in injection.mounts
     ]
-    env = " && ".join(f"({t})" for t in _wanted_env(policy, mode))
+    wanted = _wanted_env(policy, mode)
+    if policy.device_pins:
+        # The device pins: present in a slice container (env.allowed judges the value).
+        names = _list(name for name, _ in policy.device_pins)
+        wanted.append(f"!({slice_test(policy, 'c')}) || {names}.all(n, n in names)")
+    env = " && ".join(f"({t})" for t in wanted)
     ask = _ask(policy, "c", only=("g", "m", "k", "p", "pct"))
     return (
         _ENV_BINDINGS.format(body=f"[{ask}].exists(a, {env})")

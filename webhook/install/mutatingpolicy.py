@@ -229,6 +229,17 @@ def _mps_wants(policy: Policy) -> str:
     )
 
 
+def _pin_wants(policy: Policy) -> str:
+    """``mutation._PINS`` of a slice container ``c``: each device pin it does not set."""
+    if not policy.device_pins:
+        return "[]"
+    pins = ", ".join(_entry(name, literal(value)) for name, value in policy.device_pins)
+    return (
+        f"(({celpolicy.slice_test(policy, 'c')}) ? [{pins}].filter(w, "
+        "!(has(c.env) && c.env.exists(e, e.name == w['name']))) : [])"
+    )
+
+
 def container_wants(policy: Policy) -> str:
     """The env a sharing container ``c`` must carry in the object's mode
     (``mutation.wanted_env``), as a CEL list of ``{'name', 'value'}`` maps."""
@@ -240,7 +251,8 @@ def container_wants(policy: Policy) -> str:
     return (
         f"{_BIND_PARTS}cel.bind(g, cel.bind(n, {counts}, n > 0 ? n : 1), "
         f"cel.bind(m, cel.bind(x, {mib}, x > 0 ? x : {gib}), cel.bind(k, {cores}, "
-        f"variables.mode == 'vgpu' ? ({_vgpu_wants(policy)}) : ({_mps_wants(policy)}))))))"
+        f"{_pin_wants(policy)} + (variables.mode == 'vgpu' ? ({_vgpu_wants(policy)}) : "
+        f"({_mps_wants(policy)})))))))"
     )
 
 
