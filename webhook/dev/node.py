@@ -65,7 +65,8 @@ UVM_MAJOR: Final = 508
 GPU_UUIDS: Final = tuple(f"GPU-00000000-0000-0000-0000-00000000000{i}" for i in range(GPUS))
 
 HOOK_PATH: Final = Path("/usr/local/vgpu")
-LOCK_DIR: Final = Path("/tmp/vgpulock")
+# HAMi-core's lock directory, a fixed path shared by every vGPU pod of a node.
+LOCK_DIR: Final = Path("/tmp/vgpulock")  # noqa: S108  # HAMi-core hard-codes it
 # The kubelet's device plugin directory is a constant of its API (v1beta1.DevicePluginPath).
 DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 BRIDGE: Final = "gpushare0"
@@ -89,6 +90,9 @@ IMAGES: Final[Mapping[str, tuple[str, ...]]] = {
 }
 PAUSE_IMAGE: Final = "gpushare.test/pause:1"
 
+# The service accounts HAMi's chart runs its scheduler and device plugin as; the
+# default policy's ledger names them (webhook/policies/default.yaml, ledgers).
+STANDIN_ACCOUNTS: Final = ("hami-scheduler", "hami-device-plugin")
 # Node labels: HAMi's device plugin nodes (gpu=on, the policy's sharing pool) that also
 # run MPS (the policy's MPS node selector).
 NODE_LABELS: Final[Mapping[str, str]] = {"gpu": "on", "ack.node.gpu.schedule": "mps"}
@@ -166,9 +170,10 @@ def node_unavailable() -> str | None:
         return "the node runs as root (containerd, the kubelet, mknod)"
     if Path("/proc/driver/nvidia").exists():
         return "an NVIDIA driver is loaded: the node's fake device nodes would shadow real ones"
-    if not Path("/sys/fs/cgroup/memory").is_dir() and not Path(
-        "/sys/fs/cgroup/cgroup.controllers"
-    ).exists():
+    if (
+        not Path("/sys/fs/cgroup/memory").is_dir()
+        and not Path("/sys/fs/cgroup/cgroup.controllers").exists()
+    ):
         return "no cgroup hierarchy with a memory controller under /sys/fs/cgroup"
     if shutil.which("unshare") is None or shutil.which("nsenter") is None:
         return "unshare and nsenter (util-linux) are needed"
@@ -398,8 +403,11 @@ def kubelet_config(*, state: Path, port: int, healthz_port: int) -> dict[str, An
         # Nothing pulls: the imported images must never be collected.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
-        "evictionHard": {"memory.available": "1Mi", "nodefs.available": "1%",
-                         "imagefs.available": "1%"},
+        "evictionHard": {
+            "memory.available": "1Mi",
+            "nodefs.available": "1%",
+            "imagefs.available": "1%",
+        },
         "serializeImagePulls": False,
         "registerWithTaints": [],
         "nodeStatusReportFrequency": "10s",
@@ -416,9 +424,7 @@ def scheduler_config(*, kubeconfig: Path, extender_port: int) -> dict[str, Any]:
         "kind": "KubeSchedulerConfiguration",
         "clientConnection": {"kubeconfig": str(kubeconfig)},
         "leaderElection": {"leaderElect": False},
-        "profiles": [
-            {"schedulerName": name, "pluginConfig": [fit_args]} for name in SCHEDULERS
-        ],
+        "profiles": [{"schedulerName": name, "pluginConfig": [fit_args]} for name in SCHEDULERS],
         # HAMi's extender (its stand-in): Filter writes the allocation, Bind binds.
         "extenders": [
             {
@@ -493,6 +499,7 @@ class Node:
         for directory in ("containerd/cdi", "containerd/cni", "kubelet", "pods", "toolkit"):
             (self.state / directory).mkdir(parents=True, exist_ok=True)
         self.cluster.write_kubeconfig(self.kubeconfig)
+        self._write_identities()
         self._prepare_host()
         self._write_configs()
         self._start_namespace()
@@ -502,6 +509,44 @@ class Node:
         self._start_standins()
         self._wait_node_ready()
         self.started_in = time.monotonic() - began
+
+    def identity_kubeconfig(self, account: str) -> Path:
+        return self.state / f"{account}.kubeconfig"
+
+    def _write_identities(self) -> None:
+        """Kubeconfigs with a token of HAMi's service accounts: the policy lets only these
+        identities write HAMi's allocation annotations (``ledgers``), as in a cluster."""
+        from kubernetes import client
+
+        core: Any = client.CoreV1Api(self.cluster.api_client())
+        rbac: Any = client.RbacAuthorizationV1Api(self.cluster.api_client())
+        for account in STANDIN_ACCOUNTS:
+            with contextlib.suppress(client.ApiException):
+                core.create_namespaced_service_account(
+                    "kube-system", {"metadata": {"name": account}}
+                )
+            with contextlib.suppress(client.ApiException):
+                # HAMi's charts grant less; the stand-ins need only pods, nodes, bindings.
+                rbac.create_cluster_role_binding(
+                    {
+                        "metadata": {"name": f"gpushare-node-{account}"},
+                        "roleRef": {
+                            "apiGroup": "rbac.authorization.k8s.io",
+                            "kind": "ClusterRole",
+                            "name": "cluster-admin",
+                        },
+                        "subjects": [
+                            {"kind": "ServiceAccount", "name": account, "namespace": "kube-system"}
+                        ],
+                    }
+                )
+            token = core.create_namespaced_service_account_token(
+                account, "kube-system", {"spec": {"expirationSeconds": 7 * 24 * 3600}}
+            ).status.token
+            config = self.cluster.kubeconfig()
+            config["users"] = [{"name": "admin", "user": {"token": token}}]
+            self.identity_kubeconfig(account).write_text(yaml.safe_dump(config))
+            self.identity_kubeconfig(account).chmod(0o600)
 
     def _prepare_host(self) -> None:
         with contextlib.suppress(OSError):
@@ -516,7 +561,9 @@ class Node:
             if path.exists():
                 continue
             os.mknod(path, 0o666 | stat.S_IFCHR, os.makedev(major, minor))
-            os.chmod(path, 0o666)
+            # As the driver makes them: any process may open a GPU node (the device
+            # cgroup decides); these ones give ENXIO.
+            os.chmod(path, 0o666)  # noqa: S103  # as /dev/nvidia* are on a GPU node
             self._made.append(path)
         HOOK_PATH.mkdir(parents=True, exist_ok=True)
         library = HOOK_PATH / "libvgpu.so"
@@ -582,8 +629,17 @@ class Node:
         # ending ends them all, and their mounts go with the mount namespace.
         log = (self.state / "namespace.log").open("ab")
         self._holder = subprocess.Popen(
-            ["unshare", "--mount", "--pid", "--fork", "--mount-proc", "--propagation", "private",
-             "sleep", "infinity"],
+            [
+                "unshare",
+                "--mount",
+                "--pid",
+                "--fork",
+                "--mount-proc",
+                "--propagation",
+                "private",
+                "sleep",
+                "infinity",
+            ],
             stdout=log,
             stderr=log,
         )
@@ -599,7 +655,9 @@ class Node:
             time.sleep(0.05)
         raise ClusterError("unshare did not start its namespace")
 
-    def _spawn(self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> _Proc:
+    def _spawn(
+        self, name: str, argv: Sequence[str], *, env: Mapping[str, str] | None = None
+    ) -> _Proc:
         assert self._namespace_pid is not None
         log = self.state / f"{name}.log"
         handle = log.open("ab")
@@ -618,7 +676,9 @@ class Node:
         self.processes.append(process)
         return process
 
-    def _wait(self, what: str, process: _Proc, ready: Any, *, timeout: float = _READY_TIMEOUT) -> None:
+    def _wait(
+        self, what: str, process: _Proc, ready: Any, *, timeout: float = _READY_TIMEOUT
+    ) -> None:
         deadline = time.monotonic() + timeout
         last: Exception | None = None
         while time.monotonic() < deadline:
@@ -627,7 +687,7 @@ class Node:
             try:
                 if ready():
                     return
-            except Exception as exc:  # noqa: BLE001  # not ready yet, whatever the reason
+            except Exception as exc:  # not ready yet, whatever the reason
                 last = exc
             time.sleep(0.1)
         raise ClusterError(f"{what} not ready in {timeout:.0f}s ({last!r}):\n{process.tail()}")
@@ -635,13 +695,24 @@ class Node:
     def _start_containerd(self) -> None:
         containerd = self._spawn(
             "containerd",
-            [str(self.bin_dir / "containerd"), "--config", str(self.state / "containerd" / "config.toml")],
+            [
+                str(self.bin_dir / "containerd"),
+                "--config",
+                str(self.state / "containerd" / "config.toml"),
+            ],
         )
         self._wait("containerd", containerd, lambda: self.ctr("version").returncode == 0)
 
     def ctr(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(self.bin_dir / "ctr"), "--address", str(self.containerd_socket), "-n", "k8s.io", *args],
+            [
+                str(self.bin_dir / "ctr"),
+                "--address",
+                str(self.containerd_socket),
+                "-n",
+                "k8s.io",
+                *args,
+            ],
             capture_output=True,
             text=True,
             check=False,
@@ -650,8 +721,14 @@ class Node:
 
     def crictl(self, *args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(self.bin_dir / "crictl"), "--runtime-endpoint", f"unix://{self.containerd_socket}",
-             "--image-endpoint", f"unix://{self.containerd_socket}", *args],
+            [
+                str(self.bin_dir / "crictl"),
+                "--runtime-endpoint",
+                f"unix://{self.containerd_socket}",
+                "--image-endpoint",
+                f"unix://{self.containerd_socket}",
+                *args,
+            ],
             capture_output=True,
             text=True,
             check=False,
@@ -694,7 +771,7 @@ class Node:
             "scheduler-extender",
             [
                 str(self.bin_dir / "gpushare-scheduler-extender"),
-                f"--kubeconfig={self.kubeconfig}",
+                f"--kubeconfig={self.identity_kubeconfig('hami-scheduler')}",
                 f"--port-file={port_file}",
                 f"--gpus={GPUS}",
                 f"--memory={CARD_MEMORY_MIB}",
@@ -728,7 +805,7 @@ class Node:
                 f"--strategy={strategy}",
                 f"--gpus={GPUS}",
                 f"--memory={CARD_MEMORY_MIB}",
-                f"--kubeconfig={self.kubeconfig}",
+                f"--kubeconfig={self.identity_kubeconfig('hami-device-plugin')}",
                 f"--node-name={self.name}",
                 f"--hook-path={HOOK_PATH.parent}",
             ],
@@ -757,7 +834,8 @@ class Node:
         core.patch_node(self.name, {"spec": {"taints": taints or None}})
 
     # -- stop --
-    def alive(self) -> list[str]:
+    def exited(self) -> list[str]:
+        """The node's processes that are no longer running."""
         return [p.name for p in self.processes if not p.alive()]
 
     def stop(self) -> None:

@@ -306,7 +306,7 @@ func (p *plugin) allocateHami(ctx context.Context, reqs *pluginapi.AllocateReque
 			uuids = append(uuids, d.UUID)
 		}
 		response := p.deviceListResponse(uuids) // server.go:826
-		for i, dev := range devreq {           // server.go:833-838
+		for i, dev := range devreq {            // server.go:833-838
 			response.Envs[fmt.Sprintf("CUDA_DEVICE_MEMORY_LIMIT_%v", i)] = fmt.Sprintf("%vm", dev.Usedmem)
 		}
 		response.Envs["CUDA_DEVICE_SM_LIMIT"] = fmt.Sprint(devreq[0].Usedcores)

@@ -4,11 +4,11 @@
 // the content of /etc/ld.so.preload and its mount points. The runtime, the NVIDIA
 // toolkit and the device plugins decide all four; the tests read them back.
 //
-// Arguments (at most one):
+// Arguments, each at most once:
 //
-//	sleep   print, then sleep until killed (a pod that stays Running)
 //	region  first create the file CUDA_DEVICE_MEMORY_SHARED_CACHE names, as
-//	        HAMi-core does when it starts (O_CREAT, mode 0666), then print
+//	        HAMi-core does when it starts (O_CREAT, mode 0666)
+//	sleep   after printing, sleep until killed (a pod that stays Running)
 //	(none)  print and exit 0
 package main
 
@@ -29,7 +29,9 @@ type report struct {
 	Devices []string          `json:"devices"`
 	Preload *string           `json:"preload"`
 	Mounts  []string          `json:"mounts"`
-	Region  *string           `json:"region,omitempty"`
+	// The mount points mounted read-only (per-mount option ro), beside the issue's four.
+	ReadOnly []string `json:"readOnly"`
+	Region   *string  `json:"region,omitempty"`
 }
 
 func environment() map[string]string {
@@ -63,22 +65,29 @@ func preload() *string {
 }
 
 // mounts reads the mount points (field 5) of /proc/self/mountinfo, octal escapes
-// undone as the kernel writes them (\040 for a space).
-func mounts() []string {
-	points := []string{}
+// undone as the kernel writes them (\040 for a space), and those of them whose
+// per-mount options (field 6) say ro.
+func mounts() (points []string, readOnly []string) {
+	points, readOnly = []string{}, []string{}
 	file, err := os.Open("/proc/self/mountinfo")
 	if err != nil {
-		return points
+		return points, readOnly
 	}
 	defer file.Close()
 	scanner := bufio.NewScanner(file)
 	for scanner.Scan() {
 		fields := strings.Fields(scanner.Text())
-		if len(fields) > 4 {
-			points = append(points, unescape(fields[4]))
+		if len(fields) > 5 {
+			point := unescape(fields[4])
+			points = append(points, point)
+			for _, option := range strings.Split(fields[5], ",") {
+				if option == "ro" {
+					readOnly = append(readOnly, point)
+				}
+			}
 		}
 	}
-	return points
+	return points, readOnly
 }
 
 func unescape(field string) string {
@@ -113,16 +122,17 @@ func region() string {
 }
 
 func main() {
-	mode := ""
-	if len(os.Args) > 1 {
-		mode = os.Args[1]
+	modes := map[string]bool{}
+	for _, arg := range os.Args[1:] {
+		if arg != "sleep" && arg != "region" || modes[arg] {
+			fmt.Fprintln(os.Stderr, "usage: gpushare-probe [region] [sleep]")
+			os.Exit(2)
+		}
+		modes[arg] = true
 	}
-	if len(os.Args) > 2 || (mode != "" && mode != "sleep" && mode != "region") {
-		fmt.Fprintln(os.Stderr, "usage: gpushare-probe [sleep|region]")
-		os.Exit(2)
-	}
-	out := report{Env: environment(), Devices: devices(), Preload: preload(), Mounts: mounts()}
-	if mode == "region" {
+	points, readOnly := mounts()
+	out := report{Env: environment(), Devices: devices(), Preload: preload(), Mounts: points, ReadOnly: readOnly}
+	if modes["region"] {
 		created := region()
 		out.Region = &created
 	}
@@ -132,7 +142,7 @@ func main() {
 		os.Exit(1)
 	}
 	fmt.Println(string(line))
-	if mode == "sleep" {
+	if modes["sleep"] {
 		// As PID 1 no default action applies: stop on SIGTERM ourselves.
 		stop := make(chan os.Signal, 1)
 		signal.Notify(stop, syscall.SIGTERM, syscall.SIGINT)
