@@ -38,7 +38,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import tarfile
@@ -468,7 +467,9 @@ class Node:
     bin_dir: Path
     workdir: Path
     profile: Profile = "default"
-    name: str = field(default_factory=lambda: socket.gethostname().lower())
+    # The apiserver reaches a kubelet by its Hostname address first: "localhost" resolves
+    # to loopback on every machine, where the kubelet listens (127.0.0.1 only).
+    name: str = "localhost"
     processes: list[_Proc] = field(default_factory=list)
     _namespace_pid: int | None = None
     _holder: subprocess.Popen[bytes] | None = None
@@ -761,6 +762,7 @@ class Node:
                 f"--root-dir={self.state / 'kubelet'}",
                 f"--cert-dir={self.state / 'kubelet' / 'pki'}",
                 f"--node-labels={labels}",
+                f"--hostname-override={self.name}",
                 "--v=2",
             ],
         )
