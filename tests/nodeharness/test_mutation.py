@@ -3,9 +3,11 @@ runc, the NVIDIA runtime and HAMi's device plugin (stand-in) give each container
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests.nodeharness.conftest import on
 from tests.nodeharness.pods import CUDA, CUDA_LEGACY, NodeHarness, cards, container, gpu_limits, pod
-from webhook.dev.node import GPU_UUIDS
+from webhook.dev.node import GPU_UUIDS, HOOK_PATH
 
 LIBRARY = "/usr/local/vgpu/libvgpu.so"
 
@@ -42,6 +44,23 @@ def test_vgpu_pod_sees_its_one_card_its_limits_and_libvgpu(node: NodeHarness) ->
         assert env["NVIDIA_VISIBLE_DEVICES"] == "/var/run/nvidia-container-devices"
     else:
         assert env["NVIDIA_VISIBLE_DEVICES"] in GPU_UUIDS
+
+
+@on("default", "hardened")
+def test_vgpu_region_is_where_hamis_monitor_looks(node: NodeHarness) -> None:
+    # HAMi's monitor reads <HOOK_PATH>/containers/<pod uid>_<container>/*.cache on the
+    # host (Project-HAMi/HAMi pkg/monitor/nvidia/cudevshr.go:133,169-262 @ 4707fb02): the
+    # region HAMi-core creates must land there, through the device plugin's mount of
+    # that directory at /usr/local/vgpu.
+    namespace = node.namespace("region")
+    manifest = pod("region", container("main", args=["region", "sleep"], resources=gpu_limits()))
+    report = node.run(namespace, manifest)
+    uid = node.core.read_namespaced_pod("region", namespace).metadata.uid
+
+    region = report.get("region")
+    assert isinstance(region, str) and not region.startswith("error"), region
+    monitored = HOOK_PATH / "containers" / f"{uid}_main"
+    assert (monitored / Path(region).name).is_file(), (region, sorted(monitored.iterdir()))
 
 
 @on("default", "hardened")
