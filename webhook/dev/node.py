@@ -444,6 +444,19 @@ def scheduler_config(*, kubeconfig: Path, extender_port: int) -> dict[str, Any]:
 # -- the node -------------------------------------------------------------------------
 
 
+def _hierarchies() -> list[Path]:
+    """The cgroup hierarchies the kubelet uses: /sys/fs/cgroup itself under cgroup v2,
+    each v1 controller's mount otherwise (not a hybrid host's ``unified`` mount)."""
+    top = Path("/sys/fs/cgroup")
+    if (top / "cgroup.controllers").exists():
+        return [top]
+    return [
+        hierarchy
+        for hierarchy in sorted(top.iterdir())
+        if (hierarchy / "cgroup.procs").exists() and hierarchy.name != "unified"
+    ]
+
+
 @dataclass
 class _Proc:
     name: str
@@ -588,9 +601,7 @@ class Node:
 
     def _make_cgroups(self) -> None:
         # The kubelet wants its cgroupRoot in every hierarchy before it starts.
-        for hierarchy in sorted(Path("/sys/fs/cgroup").iterdir()):
-            if not (hierarchy / "cgroup.procs").exists() or hierarchy.name == "unified":
-                continue
+        for hierarchy in _hierarchies():
             root = hierarchy / CGROUP_ROOT
             root.mkdir(exist_ok=True)
             if hierarchy.name == "cpuset":
@@ -877,7 +888,7 @@ class Node:
             client.CoreV1Api(self.cluster.api_client()).delete_node(self.name)
 
     def _remove_cgroups(self) -> None:
-        for hierarchy in Path("/sys/fs/cgroup").iterdir():
+        for hierarchy in _hierarchies():
             root = hierarchy / CGROUP_ROOT
             if not root.is_dir():
                 continue
