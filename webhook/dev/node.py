@@ -487,6 +487,8 @@ class Node:
     _namespace_pid: int | None = None
     _holder: subprocess.Popen[bytes] | None = None
     _made: list[Path] = field(default_factory=list)
+    _made_dirs: list[Path] = field(default_factory=list)
+    _kept: set[Path] = field(default_factory=set)
     _sysctls: dict[str, str] = field(default_factory=dict)
     _bridge_existed: bool = True
     started_in: float = 0.0
@@ -579,6 +581,14 @@ class Node:
             # cgroup decides); these ones give ENXIO.
             os.chmod(path, 0o666)  # noqa: S103  # as /dev/nvidia* are on a GPU node
             self._made.append(path)
+        # Directories this node makes go again on stop; in ones that were there, only what
+        # it adds (the device plugin's per-container directories, the sockets).
+        for directory in (HOOK_PATH, DEVICE_PLUGIN_DIR.parent):
+            if not directory.exists():
+                self._made_dirs.append(directory)
+        containers = HOOK_PATH / "containers"
+        self._kept = set(containers.iterdir()) if containers.is_dir() else set()
+        self._kept |= set(DEVICE_PLUGIN_DIR.iterdir()) if DEVICE_PLUGIN_DIR.is_dir() else set()
         HOOK_PATH.mkdir(parents=True, exist_ok=True)
         library = HOOK_PATH / "libvgpu.so"
         if not library.exists():
@@ -881,6 +891,17 @@ class Node:
             with contextlib.suppress(OSError):
                 path.unlink()
         self._made.clear()
+        for directory in (HOOK_PATH / "containers", DEVICE_PLUGIN_DIR):
+            for entry in directory.iterdir() if directory.is_dir() else ():
+                if entry not in self._kept:
+                    if entry.is_dir() and not entry.is_symlink():
+                        shutil.rmtree(entry, ignore_errors=True)
+                    else:
+                        with contextlib.suppress(OSError):
+                            entry.unlink()
+        for directory in self._made_dirs:
+            shutil.rmtree(directory, ignore_errors=True)
+        self._made_dirs.clear()
         for key, value in self._sysctls.items():
             with contextlib.suppress(OSError):
                 (Path("/proc/sys") / key).write_text(value)
