@@ -335,7 +335,6 @@ INJECTED_VOLUMES: Final[tuple[Obj, ...]] = (
         "name": "gpushare-vgpu-lock",
         "hostPath": {"path": "/tmp/vgpulock", "type": "DirectoryOrCreate"},
     },
-    {"name": "gpushare-vgpu-cache", "emptyDir": {}},
     {
         "name": "gpushare-mps-pipe",
         "hostPath": {"path": "/tmp/nvidia-mps", "type": "DirectoryOrCreate"},
@@ -344,7 +343,6 @@ INJECTED_VOLUMES: Final[tuple[Obj, ...]] = (
 INJECTED_NAMES: Final = (
     "gpushare-vgpu-lib",
     "gpushare-vgpu-lock",
-    "gpushare-vgpu-cache",
     "gpushare-vgpu-preload",
     "gpushare-mps-pipe",
 )
@@ -354,7 +352,6 @@ MOUNT_PATHS: Final = (
     "/dev/shm",
     "/usr/local/vgpu/libvgpu.so",
     "/tmp/vgpulock",
-    "/usr/local/vgpu/cache",
     "/etc/ld.so.preload",
     "/tmp/nvidia-mps",
     "/var/run/nvidia-container-devices/all",
@@ -1088,8 +1085,8 @@ def debuggers(draw: st.DrawFn) -> Obj:
     elif what == "injected-mount":
         container["volumeMounts"] = [draw(injected_mounts())]
     elif what == "device-request":
-        # The pod's own volumes: the cache emptyDir the mutation adds, or the tenant's.
-        volume = draw(st.sampled_from(["gpushare-vgpu-cache", *_VOLUME_NAMES]))
+        # The pod's own volumes: the lock directory the mutation adds, or the tenant's.
+        volume = draw(st.sampled_from(["gpushare-vgpu-lock", *_VOLUME_NAMES]))
         container["volumeMounts"] = [{"name": volume, "mountPath": draw(device_request_paths())}]
     return container
 

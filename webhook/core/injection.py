@@ -14,12 +14,16 @@ from webhook.core.policy import Mode, Policy
 
 LIBRARY_PATH: Final = "/usr/local/vgpu/libvgpu.so"  # HAMi-core hard-codes it for its dlsym hook
 PRELOAD_FILE: Final = "/etc/ld.so.preload"
-CACHE_DIR: Final = "/usr/local/vgpu/cache"
+# Where a container's shared region goes: directly in the directory HAMi's device plugin
+# mounts per container from the host's /usr/local/vgpu/containers/<pod uid>_<container>,
+# which HAMi's vGPU monitor reads (pkg/monitor/nvidia/cudevshr.go). Measured on a real
+# node (tests/nodeharness): the pod's env wins over the device plugin's, so this value
+# is the one HAMi-core uses.
+REGION_DIR: Final = "/usr/local/vgpu"
 MODE_ANNOTATION: Final = "gpushare.io/mode"
 
 VOLUME_LIBRARY: Final = "gpushare-vgpu-lib"
 VOLUME_LOCK: Final = "gpushare-vgpu-lock"
-VOLUME_CACHE: Final = "gpushare-vgpu-cache"
 VOLUME_PRELOAD: Final = "gpushare-vgpu-preload"
 VOLUME_MPS_PIPE: Final = "gpushare-mps-pipe"
 
@@ -77,12 +81,10 @@ def injection_for(mode: Mode, policy: Policy) -> Injection:
                 "name": VOLUME_LOCK,
                 "hostPath": {"path": policy.lock_host_path, "type": "DirectoryOrCreate"},
             },
-            {"name": VOLUME_CACHE, "emptyDir": {}},
         ]
         mounts: list[dict[str, Any]] = [
             {"name": VOLUME_LIBRARY, "mountPath": LIBRARY_PATH, "readOnly": True},
             {"name": VOLUME_LOCK, "mountPath": policy.lock_host_path},
-            {"name": VOLUME_CACHE, "mountPath": CACHE_DIR},
         ]
         if policy.preload == "file":
             volumes.append(

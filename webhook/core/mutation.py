@@ -20,10 +20,10 @@ from typing import Any, Final
 from webhook.core.env import DEVICE_PINS, ContainerClass, env_value, names_nvidia_env
 from webhook.core.finding import quoted
 from webhook.core.injection import (
-    CACHE_DIR,
     LIBRARY_PATH,
     MODE_ANNOTATION,
     PLAIN,
+    REGION_DIR,
     VGPU_LIMIT_PREFIXES,
     Injection,
     Treatment,
@@ -131,7 +131,7 @@ def wanted_env(
         wants.append(
             Want(
                 "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-                f"{CACHE_DIR}/{request.name}.cache",
+                f"{REGION_DIR}/{request.name}.cache",
                 report=False,
             )
         )

@@ -644,6 +644,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="leave out the CEL rules' ValidatingAdmissionPolicies (the install has them)",
     )
+    parser.add_argument(
+        "--node",
+        action="store_true",
+        help="also run a kubelet node with fake GPUs, kube-scheduler and containerd (root)",
+    )
+    parser.add_argument(
+        "--node-profile",
+        choices=("default", "hardened"),
+        default="default",
+        help="the node's NVIDIA toolkit and device plugin settings (see docs/development.md)",
+    )
+    parser.add_argument("--node-bin-dir", help="the node's binaries (default: build them)")
     args = parser.parse_args(argv)
     policy_source = (
         Path(args.policy) if args.policy else REPO / "webhook" / "policies" / "default.yaml"
@@ -663,14 +675,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         policy.write_bytes(policy_source.read_bytes())
         bin_dir = find_binaries(args.bin_dir)
-        with running(
-            bin_dir=bin_dir,
-            policy=policy,
-            workdir=workdir,
-            mode=None,
-            cel_policies=not args.no_cel_policies,
-        ) as cluster:
+        with (
+            running(
+                bin_dir=bin_dir,
+                policy=policy,
+                workdir=workdir,
+                mode=None,
+                cel_policies=not args.no_cel_policies,
+            ) as cluster,
+            contextlib.ExitStack() as stack,
+        ):
             cluster.write_kubeconfig(Path(args.kubeconfig))
+            node = None
+            if args.node:
+                from webhook.dev.node import Node, find_node_binaries
+
+                node = Node(
+                    cluster=cluster,
+                    bin_dir=find_node_binaries(args.node_bin_dir),
+                    workdir=workdir,
+                    profile=args.node_profile,
+                )
+                stack.callback(node.stop)
+                node.start()
             print(
                 f"ready: kube-apiserver {cluster.server}, webhook {cluster.webhook.url if cluster.webhook else ''}, "
                 f"kubeconfig {args.kubeconfig}, policy {policy}, audit {kept_audit} "
@@ -681,6 +708,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                     if cluster.mode == WEBHOOKS
                     else ", MutatingAdmissionPolicies on (the webhook is registered only "
                     "for what the cluster view decides, failing open)"
+                )
+                + (
+                    ""
+                    if node is None
+                    else f", node {node.name} ({node.profile} profile, 4 fake GPUs, "
+                    f"started in {node.started_in:.1f}s)"
                 ),
                 flush=True,
             )
@@ -688,6 +721,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for process in cluster.processes:
                     if not process.alive():
                         raise ClusterError(f"{process.name} exited:\n{process.tail()}")
+                if node is not None and node.exited():
+                    raise ClusterError(f"node: {', '.join(node.exited())} exited")
     except (ClusterError, OSError) as exc:
         print(f"dev-cluster: {exc}", file=sys.stderr)
         return 1

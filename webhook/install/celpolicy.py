@@ -130,10 +130,10 @@ from webhook.core.env import (
     ContainerClass,
 )
 from webhook.core.injection import (
-    CACHE_DIR,
     LIBRARY_PATH,
     MODE_ANNOTATION,
     MPS_LIMIT_VARS,
+    REGION_DIR,
     injection_for,
 )
 from webhook.core.objects import DEVICE_CLASS, ENV_SOURCES
@@ -1321,7 +1321,7 @@ def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
     )
     tests.append(_env_is("'CUDA_REDIRECT'", "''"))
     tests.append(_env_holds("'ACTIVE_OOM_KILLER'", "v in ['true', '1']"))
-    cache = f"{literal(CACHE_DIR + '/')} + c.name + '.cache'"
+    cache = f"{literal(REGION_DIR + '/')} + c.name + '.cache'"
     tests.append(_env_is("'CUDA_DEVICE_MEMORY_SHARED_CACHE'", cache))
     tests.append(_env_is("'CUDA_TASK_PRIORITY'", "string(a['p'])"))
     # mutation.stray_env: a vGPU limit variable the wanted set does not own. A memory

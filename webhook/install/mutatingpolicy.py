@@ -52,9 +52,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from webhook.core.injection import (
-    CACHE_DIR,
     LIBRARY_PATH,
     MODE_ANNOTATION,
+    REGION_DIR,
     Injection,
     injection_for,
 )
@@ -212,7 +212,7 @@ def _vgpu_wants(policy: Policy) -> str:
     parts.append(f"({loose} ? [] : [{', '.join(switches)}])")
     fixed = (
         _entry(
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE", f"{literal(CACHE_DIR + '/')} + c.name + '.cache'"
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE", f"{literal(REGION_DIR + '/')} + c.name + '.cache'"
         ),
         _entry("CUDA_TASK_PRIORITY", _priority(policy)),
     )

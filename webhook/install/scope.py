@@ -52,7 +52,6 @@ from typing import Final, TypedDict
 
 from webhook.core.env import DEVICE_PREFIXES
 from webhook.core.injection import (
-    VOLUME_CACHE,
     VOLUME_LIBRARY,
     VOLUME_LOCK,
     VOLUME_MPS_PIPE,
@@ -72,7 +71,6 @@ CDI_MARK: Final = "cdi.k8s.io/"
 INJECTED_VOLUMES: Final = (
     VOLUME_LIBRARY,
     VOLUME_LOCK,
-    VOLUME_CACHE,
     VOLUME_PRELOAD,
     VOLUME_MPS_PIPE,
 )
