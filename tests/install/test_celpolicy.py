@@ -14,11 +14,12 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.paths import ROOT
+from tests.paths import DEFAULT_POLICY_FILE, ROOT
 from webhook.cli import main
 from webhook.core.policy import RULE_IDS
 from webhook.install import celpolicy, manifests
 from webhook.install.celpolicy import RULES, glob_regex, validating_policies
+from webhook.install.fingerprint import ANNOTATION, spec_fingerprint, stamp
 from webhook.install.scope import match_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
 
@@ -80,8 +81,13 @@ def by_kind(objects: list[manifests.Obj], kind: str) -> dict[str, manifests.Obj]
 def test_base_file_is_what_the_generator_makes() -> None:
     """deploy/base/celpolicies.yaml is generated; fix with hack/update-match-conditions."""
     text = (ROOT / "deploy" / "base" / manifests.CEL_POLICIES_FILE).read_text("utf-8")
-    assert text == manifests.cel_policies_text(DEFAULT_POLICY), "run hack/update-match-conditions"
-    assert [o for o in yaml.safe_load_all(text) if o] == validating_policies(DEFAULT_POLICY)
+    fingerprint = spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8"))
+    assert text == manifests.cel_policies_text(DEFAULT_POLICY, fingerprint=fingerprint), (
+        "run hack/update-match-conditions"
+    )
+    wanted = validating_policies(DEFAULT_POLICY)
+    stamp(wanted, fingerprint)
+    assert [o for o in yaml.safe_load_all(text) if o] == wanted
 
 
 def validations_by_rule(policy: manifests.Obj) -> dict[str, manifests.Obj]:
@@ -218,13 +224,14 @@ def test_glob_regex_matches_what_fnmatch_matches(pattern: str, value: str) -> No
 def test_render_with_a_policy_and_namespace_moves_the_cel_policies() -> None:
     objects = manifests.render(policy=CUSTOM, namespace="gpu-admission")
     rendered = [o for o in objects if o["kind"] in celpolicy.KINDS]
-    assert sorted(rendered, key=identity) == sorted(
-        validating_policies(CUSTOM, namespace="gpu-admission"), key=identity
-    )
+    wanted = validating_policies(CUSTOM, namespace="gpu-admission")
+    # Marked as rendered from the policy the ConfigMap holds.
+    stamp(wanted, spec_fingerprint(manifests.policy_yaml(CUSTOM)))
+    assert sorted(rendered, key=identity) == sorted(wanted, key=identity)
     default = [o for o in manifests.render() if o["kind"] in celpolicy.KINDS]
-    assert sorted(default, key=identity) == sorted(
-        validating_policies(DEFAULT_POLICY), key=identity
-    )
+    wanted = validating_policies(DEFAULT_POLICY)
+    stamp(wanted, spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8")))
+    assert sorted(default, key=identity) == sorted(wanted, key=identity)
 
 
 def test_manifests_only_cel_prints_just_the_policies() -> None:
@@ -233,7 +240,12 @@ def test_manifests_only_cel_prints_just_the_policies() -> None:
         code = main(["manifests", "--only", "cel", "--namespace", "gpu-admission"])
     assert code == 0
     objects = [o for o in yaml.safe_load_all(out.getvalue()) if o]
-    assert objects == validating_policies(DEFAULT_POLICY, namespace="gpu-admission")
+    wanted = validating_policies(DEFAULT_POLICY, namespace="gpu-admission")
+    stamp(wanted, spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8")))
+    assert objects == wanted
+    assert {o["metadata"]["annotations"][ANNOTATION] for o in objects} == {
+        spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8"))
+    }
 
 
 def test_the_scheduler_rule_asks_the_mode_only_after_the_resources() -> None:
