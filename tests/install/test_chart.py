@@ -35,6 +35,7 @@ from tests.install.chart import (
     kustomize,
     run,
     template,
+    template_text,
 )
 from tests.install.test_manifests import strings
 from tests.paths import DEFAULT_POLICY_FILE, ROOT, documentation
@@ -631,3 +632,20 @@ def test_readme_helm_example_renders_as_written(helm: str, command: str) -> None
     )
     assert result.returncode == 0, result.stderr
     assert "kind: Deployment" in result.stdout
+
+
+def test_the_rendered_install_says_which_it_is_and_why(helm: str) -> None:
+    """`helm template` without a cluster sees no MutatingAdmissionPolicy v1: the webhook
+    install, said on the Deployment where a reader of the output looks."""
+    plain = template_text(helm)
+    assert "# gpushare-webhook renders the webhook install" in plain
+    assert "--api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" in plain
+    served = template_text(
+        helm, extra=["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
+    )
+    assert "# gpushare-webhook renders the 1.36+ install" in served
+    assert "serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy" in served
+    forced = template_text(helm, settings=["admission.mode=webhooks"])
+    assert (
+        "renders the webhook install (both webhooks registered): admission.mode=webhooks" in forced
+    )

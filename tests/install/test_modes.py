@@ -361,3 +361,39 @@ def test_manifests_help_names_what_it_renders() -> None:
     text = cli_manifests.MANIFESTS_DESCRIPTION
     assert "per deny rule" not in text
     assert "--only mutating" in text and "gpushare-deny-sources" in text
+
+
+@pytest.mark.parametrize(
+    ("version", "directory"),
+    [("1.35", "cluster-view"), ("1.36", "overlays/apiserver-cluster-view")],
+)
+def test_manifests_render_the_cluster_view_install(version: str, directory: str) -> None:
+    printed = manifests_output("--kubernetes-version", version, "--cluster-view")
+    objects = [o for o in yaml.safe_load_all(printed) if o]
+    assert objects == manifests.build(ROOT / "deploy" / directory)
+    policy_file = ROOT / "policies" / "examples" / "volcano.yaml"
+    policy = parse_policy(policy_file.read_text("utf-8"), source="volcano")
+    printed = manifests_output(
+        "--kubernetes-version", version, "--cluster-view", "--policy", str(policy_file)
+    )
+    objects = [o for o in yaml.safe_load_all(printed) if o]
+    scope = view_conditions(policy) if version == "1.36" else match_conditions(policy)
+    hooks = [h for o in objects if o["kind"] in manifests.WEBHOOK_KINDS for h in o["webhooks"]]
+    assert len(hooks) == 2
+    assert all(h["matchConditions"] == [dict(c) for c in scope] for h in hooks)
+
+
+def test_manifests_cluster_view_keeps_its_own_certificates() -> None:
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code = main(
+            [
+                "manifests",
+                "--kubernetes-version",
+                "1.35",
+                "--cluster-view",
+                "--overlay",
+                "cert-manager",
+            ]
+        )
+    assert code == 2 and "--cluster-view" in err.getvalue()

@@ -43,6 +43,11 @@ ValidatingAdmissionPolicies. --kubernetes-version X.Y decides without a cluster 
 a 1.36 cluster keeps the webhooks). With no kubeconfig at all, the webhook install is
 printed (it works on every supported version) and stderr says so.
 
+--cluster-view prints the install with the cluster view and policy reports on (serve
+--cluster --reports, its read-only RBAC and the report CRDs): deploy/cluster-view, or on
+1.36+ deploy/overlays/apiserver-cluster-view, where the webhooks are registered only for
+what the view decides, failing open.
+
 Certificates: with the self-managed overlay (the default) the webhook creates its
 CA and serving certificate at start and writes the caBundle into its own webhook
 configurations, so none is needed here. With --overlay cert-manager, cert-manager's
@@ -78,6 +83,12 @@ def register(commands: Commands) -> None:
         "--overlay",
         choices=OVERLAYS,
         help="certificate management of the webhook install (default: self-managed)",
+    )
+    parser.add_argument(
+        "--cluster-view",
+        action="store_true",
+        help="the install with the cluster view and policy reports on (deploy/cluster-view, "
+        "or on 1.36+ deploy/overlays/apiserver-cluster-view)",
     )
     parser.add_argument(
         "--kubernetes-version",
@@ -155,7 +166,7 @@ def command_manifests(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -
         stdout.write(to_yaml(objects))
         return 0
     try:
-        overlay = overlay_for(_mode(args), args.overlay)
+        overlay = overlay_for(_mode(args), args.overlay, cluster_view=args.cluster_view)
         ca_bundle = None
         if args.ca_bundle:
             try:

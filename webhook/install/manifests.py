@@ -41,6 +41,9 @@ DEFAULT_OVERLAY: Final = "self-managed"
 OVERLAYS: Final = ("self-managed", "cert-manager")
 # The 1.36+ install (webhook.install.mode): no webhook, so no choice of certificates.
 APISERVER_OVERLAY: Final = "apiserver"
+# The installs with the cluster view on (serve --cluster --reports), per mode: deploy/cluster-view
+# (the self-managed webhook install) and overlays/apiserver-cluster-view.
+VIEW_OVERLAYS: Final = {"webhooks": "cluster-view", "apiserver": "apiserver-cluster-view"}
 CONTAINER: Final = "webhook"
 WEBHOOK_KINDS: Final = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
@@ -99,15 +102,25 @@ def report_crds() -> list[Obj]:
 
 
 def overlay_dir(overlay: str = DEFAULT_OVERLAY) -> Path:
-    if overlay not in (*OVERLAYS, APISERVER_OVERLAY):
+    if overlay == VIEW_OVERLAYS[WEBHOOKS]:
+        return deploy_root() / overlay
+    if overlay not in (*OVERLAYS, APISERVER_OVERLAY, VIEW_OVERLAYS[APISERVER]):
         raise ManifestError(f"unknown overlay {overlay!r}; choose one of {', '.join(OVERLAYS)}")
     return deploy_root() / "overlays" / overlay
 
 
-def overlay_for(mode: Mode, overlay: str | None = None) -> str:
+def overlay_for(mode: Mode, overlay: str | None = None, *, cluster_view: bool = False) -> str:
     """The overlay that installs ``mode``: ``overlay`` (the certificates' choice, default
     self-managed) in the webhook mode; in the apiserver mode its own, which registers no
-    webhook and so has no certificates to choose."""
+    webhook and so has no certificates to choose. ``cluster_view``: that mode's install
+    with the cluster view on (self-managed certificates)."""
+    if cluster_view:
+        if overlay not in (None, DEFAULT_OVERLAY):
+            raise ManifestError(
+                f"--overlay {overlay} with --cluster-view: the cluster view's install keeps "
+                "its own certificates (self-managed); the Helm chart has it with cert-manager"
+            )
+        return VIEW_OVERLAYS[mode]
     if mode == WEBHOOKS:
         return overlay or DEFAULT_OVERLAY
     if overlay not in (None, DEFAULT_OVERLAY):
@@ -615,6 +628,9 @@ def render(
         set_policy(objects, policy, policy_text)
         text = policy_text if policy_text is not None else policy_yaml(policy)
         set_cel_policies(objects, policy, fingerprint=spec_fingerprint(text))
+        if overlay == VIEW_OVERLAYS[APISERVER]:
+            # Registered only for what the view decides there, failing open.
+            set_view_scope(objects, policy)
     if namespace is not None and namespace != BASE_NAMESPACE:
         set_namespace(objects, namespace)
     if image is not None:

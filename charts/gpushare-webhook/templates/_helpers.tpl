@@ -159,3 +159,17 @@ them right afterwards.
 {{- end -}}
 {{- end -}}
 {{- end }}
+
+{{/*
+Which install this render is and why, in words: a comment on the rendered Deployment and
+the first line of the NOTES. `helm template` without a cluster sees no
+MutatingAdmissionPolicy v1, so admission.mode=auto renders the webhook install there.
+*/}}
+{{- define "gpushare.installChoice" -}}
+{{- $mode := .Values.admission.mode -}}
+{{- if include "gpushare.inApiserver" . -}}
+the 1.36+ install (the mutation and rules as admission policies in the apiserver): {{ if eq $mode "auto" }}admission.mode=auto, and the apiserver Helm asked serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy{{ else }}admission.mode={{ $mode }}{{ end }}
+{{- else -}}
+the webhook install (both webhooks registered): {{ if eq $mode "auto" }}admission.mode=auto, and Helm saw no admissionregistration.k8s.io/v1 MutatingAdmissionPolicy (helm template without a cluster never does; for Kubernetes 1.36+ pass --api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy or --set admission.mode=apiserver){{ else }}admission.mode={{ $mode }}{{ end }}
+{{- end -}}
+{{- end }}
