@@ -178,7 +178,8 @@ def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
     actions = {name: b["spec"]["validationActions"] for name, b in bindings.items()}
     assert actions == {
         "gpushare-deny": ["Deny"],
-        "gpushare-warn": ["Warn"],
+        # A warning is recorded in the apiserver's audit log too, as the webhook records it.
+        "gpushare-warn": ["Warn", "Audit"],
         "gpushare-audit": ["Audit"],
     }
     rules = {name: list(validations_by_rule(p)) for name, p in policies.items()}
@@ -189,10 +190,13 @@ def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
         for r in RULES
         if r not in ("privileged-gpu", "node-name-pinning", "raw-visible-devices", "gpu-quota")
     ]
-    # The shared parts are the same in every policy.
+    # The shared parts are the same in every policy (the warn and audit policies add the
+    # variables their per-rule audit annotations read).
     specs = [p["spec"] for p in policies.values()]
-    for key in ("matchConstraints", "matchConditions", "variables", "failurePolicy"):
+    for key in ("matchConstraints", "matchConditions", "failurePolicy"):
         assert all(spec[key] == specs[0][key] for spec in specs), key
+    shared = specs[0]["variables"]
+    assert all(spec["variables"][: len(shared)] == shared for spec in specs)
 
 
 def test_exemptions_and_writers_are_rendered() -> None:
@@ -397,3 +401,40 @@ def test_unmutated_gpu_pod_asks_for_what_the_policys_mutation_injects() -> None:
     # percentage, which only the view turns into MiB, are never stray.
     assert "a['pct'] > 0) && n.matches('^CUDA_DEVICE_MEMORY_LIMIT_" in default
     assert "hami-scheduler" in default and "hostIPC" in default
+
+
+def test_warn_and_audit_rules_record_each_failure_in_the_apiservers_audit_log() -> None:
+    """The apiserver keeps one validation_failure annotation per request, its first: the
+    warn and audit policies also carry one auditAnnotation per rule, and a warn binding
+    audits too, so an audit-first rollout reads every rule from the apiserver's log."""
+    policy = parse_policy(
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  rules:\n"
+        "    privileged-gpu: audit\n    node-name-pinning: audit\n"
+        "    host-device-access: warn\n    raw-visible-devices: audit\n",
+        source="rollout",
+    )
+    objects = validating_policies(policy)
+    policies = by_kind(objects, "ValidatingAdmissionPolicy")
+    bindings = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    assert bindings["gpushare-warn"]["spec"]["validationActions"] == ["Warn", "Audit"]
+    assert bindings["gpushare-audit"]["spec"]["validationActions"] == ["Audit"]
+    expressions = celpolicy.rule_expressions(policy)
+    for name, rules in (
+        ("gpushare-audit", ["privileged-gpu", "node-name-pinning", "raw-visible-devices"]),
+        ("gpushare-warn", ["host-device-access"]),
+    ):
+        annotations = policies[name]["spec"]["auditAnnotations"]
+        assert [a["key"] for a in annotations] == [r for r in expressions if r in rules]
+        held = {v["name"]: v["expression"] for v in policies[name]["spec"]["variables"]}
+        for annotation in annotations:
+            rule = annotation["key"]
+            variable = celpolicy.holds_variable(rule)
+            # The rule's expression in a variable: a valueExpression holds 5120 bytes.
+            assert held[variable] == expressions[rule]
+            assert annotation["valueExpression"].startswith(f"!variables.{variable} ? ")
+            assert annotation["valueExpression"].endswith(" : ''")
+            assert f"[{rule}] " in annotation["valueExpression"]
+            assert len(annotation["valueExpression"]) <= 5120
+    assert "auditAnnotations" not in policies["gpushare-deny"]["spec"]
+    sources = policies["gpushare-audit-sources"]["spec"]["auditAnnotations"]
+    assert [a["key"] for a in sources] == ["raw-visible-devices"]
