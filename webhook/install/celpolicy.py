@@ -504,6 +504,18 @@ def _library(policy: Policy) -> str:
     return f"variables.mode != 'vgpu' || variables.containers.exists(c, {served})"
 
 
+def placed_mps(policy: Policy) -> str:
+    """``ModeChoice.placed``: an annotation of mps.placedByAnnotations says mps (its
+    scheduler places the pod by the card's mode; no mps.nodeSelector)."""
+    ann = "variables.annotations"
+    words = [w for w, m in MODE_ALIASES.items() if m == "mps"]
+    terms = [
+        f"({literal(key)} in {ann} && {_stripped_in(f'string({ann}[{literal(key)}])', words)})"
+        for key in sorted(policy.mps_placed_annotations)
+    ]
+    return f"({' || '.join(terms)})" if terms else "false"
+
+
 def _dynamic_mig(policy: Policy) -> str:
     """``ModeChoice.dynamic``: the first mode annotation with a mode as its value is one of
     the policy's dynamicMigAnnotations and says mig, in a pod that asks for a slice."""
@@ -1108,7 +1120,7 @@ def _mode_conflict(policy: Policy) -> str:
     )
     for key, wanted in policy.mps_node_selector.items():
         terms.append(
-            f"{mode} == 'mps' && {literal(key)} in {_SELECTOR} && "
+            f"{mode} == 'mps' && !{placed_mps(policy)} && {literal(key)} in {_SELECTOR} && "
             f"string({_SELECTOR}[{literal(key)}]) != {literal(wanted)}"
         )
     allowed = " || ".join(
@@ -1321,7 +1333,8 @@ def _mode_mutated(policy: Policy, mode: Mode) -> str:
     if mode == "mps":
         terms.append(f"has({spec}.hostIPC) && {spec}.hostIPC == true")
         terms.extend(
-            f"has({spec}.nodeSelector) && {literal(key)} in {spec}.nodeSelector"
+            f"{placed_mps(policy)} || (has({spec}.nodeSelector) && "
+            f"{literal(key)} in {spec}.nodeSelector)"
             for key in policy.mps_node_selector
         )
     containers = (
