@@ -152,8 +152,15 @@ def test_the_dry_run_compiles_the_cel(
 ) -> None:
     """The dry run is not a formality: a matchCondition that does not compile is refused."""
     broken = tmp_path / "mc.yaml"
+    # Marked as the default policy's, which the chart installs: the apiserver judges it.
+    default = yaml.safe_load((CHART / "files" / "match-conditions.yaml").read_text())
     broken.write_text(
-        yaml.safe_dump({"matchConditions": [{"name": "broken", "expression": "object.spec.("}]})
+        yaml.safe_dump(
+            {
+                "policySpec": default["policySpec"],
+                "matchConditions": [{"name": "broken", "expression": "object.spec.("}],
+            }
+        )
     )
     text = template_text(helm, extra=["--set-file", f"policy.matchConditions={broken}"])
     result = dry_run_apply(kubectl, kubeconfig, text)
