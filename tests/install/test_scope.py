@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.paths import ROOT
+from tests.paths import DEFAULT_POLICY_FILE, ROOT
 from webhook.cli import main
 from webhook.core.workload import TEMPLATE_PATHS
 from webhook.install import manifests
+from webhook.install.fingerprint import spec_fingerprint
 from webhook.install.manifests import ManifestError, with_match_conditions
 from webhook.install.scope import (
     annotation_prefixes,
@@ -179,7 +180,11 @@ def test_manifests_command_prints_and_scopes(tmp_path: Path) -> None:
     with redirect_stdout(out):
         assert main(["manifests", "--print-match-conditions"]) == 0
     printed = yaml.safe_load(out.getvalue())
-    assert printed == {"matchConditions": [dict(c) for c in match_conditions(DEFAULT_POLICY)]}
+    assert printed == {
+        # The fingerprint of the policy the conditions were rendered from.
+        "policySpec": spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8")),
+        "matchConditions": [dict(c) for c in match_conditions(DEFAULT_POLICY)],
+    }
     out = io.StringIO()
     with redirect_stdout(out):
         assert main(["manifests", "--policy", str(policy)]) == 0

@@ -61,6 +61,9 @@ class Treatment:
     dynamic: bool = False
     # A vgpu pod gets HAMi-core (Policy.library_for); always True in other modes.
     library: bool = True
+    # An mps pod its scheduler places by the card's mode (ModeChoice.placed): no
+    # mps.nodeSelector.
+    placed: bool = False
 
 
 # The treatment of nearly every pod: one object, not one per request.

@@ -303,7 +303,9 @@ def _scheduler_ops(out: Patch, spec: Mapping[str, Any], sp: str, wanted: str) ->
         out.add({"op": op, "path": f"{sp}/schedulerName", "value": wanted})
 
 
-def _mps_pod_ops(out: Patch, spec: Mapping[str, Any], sp: str, policy: Policy) -> None:
+def _mps_pod_ops(
+    out: Patch, spec: Mapping[str, Any], sp: str, policy: Policy, *, placed: bool
+) -> None:
     if spec.get("hostIPC") is not True:
         out.add(
             {
@@ -312,7 +314,7 @@ def _mps_pod_ops(out: Patch, spec: Mapping[str, Any], sp: str, policy: Policy) -
                 "value": True,
             }
         )
-    if not policy.mps_node_selector:
+    if not policy.mps_node_selector or placed:
         return
     selector = spec.get("nodeSelector")
     if not isinstance(selector, MAPPINGS):
@@ -496,7 +498,7 @@ def _edits(
 ) -> None:
     """Every op a pod (or template) in ``mode`` still needs, in an order that applies."""
     if mode in ("vgpu", "mps"):
-        _mode_edits(out, view, requests, mode, policy, injection, treatment.library)
+        _mode_edits(out, view, requests, mode, policy, injection, treatment)
     elif treatment.whole:
         _pool_ops(out, view, policy)
     elif treatment.dynamic:
@@ -516,14 +518,16 @@ def _mode_edits(
     mode: Mode,
     policy: Policy,
     injection: Injection,
-    library: bool,
+    treatment: Treatment,
 ) -> None:
     """The ops of a GPU-sharing pod in mode vgpu or mps; a vgpu pod without HAMi-core
-    (``library`` False) gets its scheduler, mode and count, nothing of the library."""
+    (``treatment.library`` False) gets its scheduler, mode and count, nothing of the
+    library."""
+    library = treatment.library
     spec, sp = view.spec, view.spec_pointer
     _scheduler_ops(out, spec, sp, policy.scheduler_for(requests, mode=mode))
     if mode == "mps":
-        _mps_pod_ops(out, spec, sp, policy)
+        _mps_pod_ops(out, spec, sp, policy, placed=treatment.placed)
     _annotation_ops(out, view, mode)
     _list_ops(
         out,

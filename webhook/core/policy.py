@@ -190,6 +190,7 @@ SCHEMA: Final[dict[str, Any]] = {
                             "type": "object",
                             "additionalProperties": {"type": "string"},
                         },
+                        "placedByAnnotations": _STRINGS,
                     },
                 },
                 "rules": {
@@ -460,6 +461,9 @@ class Policy:
     allow_disable_core_utilization_policy: bool
     mps_pipe_directory: str
     mps_node_selector: Mapping[str, str]
+    # Mode annotations whose scheduler places an mps pod by the card's mode itself
+    # (HAMi's nvidia.com/vgpu-mode): a pod named mps by one gets no mps_node_selector.
+    mps_placed_annotations: frozenset[str]
     # Count resources that ask for whole GPUs (wholeGpus.resources), and the node labels
     # (key, value) that mark the nodes sharing GPUs: a pod asking only for whole GPUs
     # that names a scheduler of its own keeps it, away from those nodes.
@@ -898,6 +902,7 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         allow_disable_core_utilization_policy=vgpu["allowDisableCoreUtilizationPolicy"],
         mps_pipe_directory=spec["mps"]["pipeDirectory"],
         mps_node_selector=dict(spec["mps"]["nodeSelector"]),
+        mps_placed_annotations=frozenset(spec["mps"]["placedByAnnotations"]),
         whole_gpu_resources=frozenset(spec["wholeGpus"]["resources"]) & frozenset(res["count"]),
         sharing_pool=tuple((p["key"], p["value"]) for p in spec["wholeGpus"]["sharingPool"]),
         actions={rule: spec["rules"].get(rule, "deny") for rule in RULE_IDS},

@@ -176,11 +176,46 @@ LABELS: Final = {
     "app.kubernetes.io/name": "gpushare-webhook",
     "app.kubernetes.io/part-of": "gpushare",
 }
+# Warn also records the failure in the apiserver's audit log, as the webhook records a warn
+# violation in its own: an audit-first rollout reads either (`report --audit-log`).
 VALIDATION_ACTIONS: Final[Mapping[Action, list[str]]] = {
     "deny": ["Deny"],
-    "warn": ["Warn"],
+    "warn": ["Warn", "Audit"],
     "audit": ["Audit"],
 }
+# The actions whose failures an audit-first rollout counts: their policies also carry one
+# auditAnnotation per rule (audit_annotations), because the apiserver's own
+# validation_failure annotation keeps only the request's first failure.
+RECORDED_ACTIONS: Final = ("warn", "audit")
+
+
+def holds_variable(rule: str) -> str:
+    """The variable that holds whether the object keeps ``rule`` (``holds_privileged_gpu``)."""
+    return "holds_" + rule.replace("-", "_")
+
+
+def audit_annotations(
+    rules: Mapping[str, str], messages: Mapping[str, str]
+) -> tuple[list[Obj], list[Obj]]:
+    """One auditAnnotation per rule of ``rules`` (rule id -> its validation expression):
+    the apiserver records ``<policy name>/<rule id>`` with the rule's message when the
+    object breaks it (and nothing when not), whatever else it breaks. Returns the
+    variables they read (a valueExpression may hold 5120 bytes, less than some rules
+    take) and the annotations."""
+    held = [{"name": holds_variable(rule), "expression": e} for rule, e in rules.items()]
+    annotations = [
+        {
+            "key": rule,
+            # An empty string is no annotation, as null is; the apiserver's type check
+            # refuses a conditional of a string and null.
+            "valueExpression": f"!variables.{holds_variable(rule)} ? "
+            + literal(f"[{rule}] {messages[rule]}")
+            + " : ''",
+        }
+        for rule in rules
+    ]
+    return held, annotations
+
 
 _SERVICE_ACCOUNT: Final = "system:serviceaccount:"
 _TRUTHY: Final = ("1", "true", "yes", "on", "y", "t")
@@ -482,6 +517,18 @@ def _library(policy: Policy) -> str:
         "c", f"({_sharing_test(policy)}) && !(r in {_list(sorted(policy.without_library))})"
     )
     return f"variables.mode != 'vgpu' || variables.containers.exists(c, {served})"
+
+
+def placed_mps(policy: Policy) -> str:
+    """``ModeChoice.placed``: an annotation of mps.placedByAnnotations says mps (its
+    scheduler places the pod by the card's mode; no mps.nodeSelector)."""
+    ann = "variables.annotations"
+    words = [w for w, m in MODE_ALIASES.items() if m == "mps"]
+    terms = [
+        f"({literal(key)} in {ann} && {_stripped_in(f'string({ann}[{literal(key)}])', words)})"
+        for key in sorted(policy.mps_placed_annotations)
+    ]
+    return f"({' || '.join(terms)})" if terms else "false"
 
 
 def _dynamic_mig(policy: Policy) -> str:
@@ -1187,7 +1234,7 @@ def _mode_conflict(policy: Policy) -> str:
     )
     for key, wanted in policy.mps_node_selector.items():
         terms.append(
-            f"{mode} == 'mps' && {literal(key)} in {_SELECTOR} && "
+            f"{mode} == 'mps' && !{placed_mps(policy)} && {literal(key)} in {_SELECTOR} && "
             f"string({_SELECTOR}[{literal(key)}]) != {literal(wanted)}"
         )
     allowed = " || ".join(
@@ -1405,7 +1452,8 @@ def _mode_mutated(policy: Policy, mode: Mode) -> str:
     if mode == "mps":
         terms.append(f"has({spec}.hostIPC) && {spec}.hostIPC == true")
         terms.extend(
-            f"has({spec}.nodeSelector) && {literal(key)} in {spec}.nodeSelector"
+            f"{placed_mps(policy)} || (has({spec}.nodeSelector) && "
+            f"{literal(key)} in {spec}.nodeSelector)"
             for key in policy.mps_node_selector
         )
     containers = (
@@ -1765,10 +1813,12 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
     """Per action some rendered rule takes (deny, warn, audit; off is left out): one
     ValidatingAdmissionPolicy holding each such rule as a validation, and its binding."""
     by_action: dict[Action, list[Obj]] = {}
+    expressions: dict[Action, dict[str, str]] = {}
     for rule, expression in rule_expressions(policy).items():
         action = policy.action(rule)
         if action == "off":
             continue
+        expressions.setdefault(action, {})[rule] = expression
         by_action.setdefault(action, []).append(
             {
                 "expression": expression,
@@ -1798,6 +1848,9 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
             spec["matchConditions"] = [dict(c) for c in conditions]
         spec["variables"] = [dict(v) for v in shared]
         spec["validations"] = validations
+        if action in RECORDED_ACTIONS:
+            held, spec["auditAnnotations"] = audit_annotations(expressions[action], MESSAGES)
+            spec["variables"].extend(held)
         objects.append(
             {
                 "apiVersion": API_VERSION,
@@ -1863,9 +1916,11 @@ def _source_policies(policy: Policy, namespace: str) -> list[Obj]:
         "gpu-claim": _claim_expression(policy),
     }
     by_action: dict[Action, list[Obj]] = {}
+    recorded: dict[Action, dict[str, str]] = {}
     for rule, expression in expressions.items():
         action = policy.action(rule)
         if action != "off":
+            recorded.setdefault(action, {})[rule] = expression
             by_action.setdefault(action, []).append(
                 {
                     "expression": expression,
@@ -1885,17 +1940,22 @@ def _source_policies(policy: Policy, namespace: str) -> list[Obj]:
         if not validations:
             continue
         name = policy_name(action, sources=True)
+        spec: Obj = {
+            "failurePolicy": "Fail",
+            "matchConstraints": _source_constraints(namespace),
+            "matchConditions": [dict(c) for c in conditions],
+            "validations": validations,
+        }
+        if action in RECORDED_ACTIONS:
+            spec["variables"], spec["auditAnnotations"] = audit_annotations(
+                recorded[action], SOURCE_MESSAGES
+            )
         objects.append(
             {
                 "apiVersion": API_VERSION,
                 "kind": POLICY_KIND,
                 "metadata": {"name": name, "labels": dict(LABELS)},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": _source_constraints(namespace),
-                    "matchConditions": [dict(c) for c in conditions],
-                    "validations": validations,
-                },
+                "spec": spec,
             }
         )
         objects.append(

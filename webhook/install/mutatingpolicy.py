@@ -590,11 +590,13 @@ def _node_selector(policy: Policy) -> str:
         + "}"
     )
     keys = _list(policy.mps_node_selector)
+    # A pod its scheduler places by the card's mode gets none (ModeChoice.placed).
     return (
+        f"({celpolicy.placed_mps(policy)} ? [] : "
         f"(has({spec}.nodeSelector) ? {keys}.filter(k, !(k in {spec}.nodeSelector)).map(k, "
         "JSONPatch{op: 'add', path: variables.pointer + '/nodeSelector/' + "
         f"jsonpatch.escapeKey(k), value: {table}[k]}}) : [JSONPatch{{op: 'add', "
-        f"path: variables.pointer + '/nodeSelector', value: {table}}}])"
+        f"path: variables.pointer + '/nodeSelector', value: {table}}}]))"
     )
 
 
