@@ -69,17 +69,28 @@ def test_gated_modifiers_outside_whole_gpus_are_refused(name: str, where: Any) -
     assert_refused(review(where(env(name, "enabled"))), "raw-visible-devices")
 
 
-@pytest.mark.parametrize("name", [*GATES, "NVIDIA_IMEX_CHANNELS"])
+@pytest.mark.parametrize("name", GATES)
 def test_gated_modifiers_in_whole_gpu_containers_are_admitted(name: str) -> None:
-    # GPUDirect RDMA, gdrcopy, GB200 NVLink: what a pod that owns its GPUs uses.
-    value = "0" if name == "NVIDIA_IMEX_CHANNELS" else "enabled"
-    assert review(in_whole(env(name, value)))["allowed"]
+    # GPUDirect Storage and RDMA, gdrcopy, NVSwitch: what a pod that owns its GPUs uses.
+    assert review(in_whole(env(name, "enabled")))["allowed"]
 
 
-@pytest.mark.parametrize("where", [in_slice, in_plain])
-def test_imex_channels_outside_whole_gpus_are_refused(where: Any) -> None:
-    # cuda_image.go ImexChannelRequests: the channels become CDI devices mode=imex,id=N.
-    assert_refused(review(where(env("NVIDIA_IMEX_CHANNELS", "0,1"))), "raw-visible-devices")
+@pytest.mark.parametrize("where", [in_slice, in_plain, in_whole])
+@pytest.mark.parametrize("value", ["0,1", "channelall"])
+def test_imex_channels_by_env_are_refused(where: Any, value: str) -> None:
+    # cuda_image.go ImexChannelRequests: the channels become CDI devices mode=imex,id=N,
+    # and pkg/nvcdi/lib-imex.go expands "channelall" to every channel of the node: the
+    # boundary between tenants' NVLink memory. ComputeDomain claims hand out one's own.
+    assert_refused(review(where(env("NVIDIA_IMEX_CHANNELS", value))), "raw-visible-devices")
+
+
+def test_a_slice_made_a_legacy_image_by_its_env_is_refused() -> None:
+    # container_config.go: a legacy image gets every driver capability, graphics too.
+    legacy = in_slice(env("CUDA_VERSION", "12.4"), env("NVIDIA_REQUIRE_CUDA", ""))
+    assert_refused(review(legacy), "raw-visible-devices")
+    required = in_slice(env("CUDA_VERSION", "12.4"), env("NVIDIA_REQUIRE_CUDA", "cuda>=12.4"))
+    assert review(required)["allowed"]
+    assert review(in_whole(env("CUDA_VERSION", "12.4")))["allowed"]
 
 
 @pytest.mark.parametrize("value", ["graphics", "compute,display", "all", "compute,utility,ngx"])

@@ -475,6 +475,21 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         _pod("p", _c(env=_env(("NVIDIA_DRIVER_CAPABILITIES", _FIELD)))),
         "raw-visible-devices",
     ),
+    "imex-all-in-whole": (
+        _pod(
+            "p",
+            _c(
+                gpu=False,
+                resources={"limits": {"nvidia.com/gpu": "1"}},
+                env=_env(("NVIDIA_IMEX_CHANNELS", "channelall")),
+            ),
+        ),
+        "raw-visible-devices",
+    ),
+    "legacy-slice": (
+        _pod("p", _c(env=_env(("CUDA_VERSION", "12.4"), ("NVIDIA_REQUIRE_CUDA", "")))),
+        "raw-visible-devices",
+    ),
     "jetpack-csv": (
         _pod("p", _c(gpu=False, env=_env(("NVIDIA_REQUIRE_JETPACK", "csv-mounts=all")))),
         "raw-visible-devices",
@@ -582,8 +597,8 @@ ADMITTED: Final[dict[str, Obj]] = {
             resources={"limits": {"nvidia.com/gpu": "1"}},
             env=_env(
                 ("NVIDIA_GDS", "enabled"),
-                ("NVIDIA_IMEX_CHANNELS", "0"),
                 ("NVIDIA_DRIVER_CAPABILITIES", "all"),
+                ("CUDA_VERSION", "12.4"),
             ),
         ),
     ),

@@ -466,13 +466,24 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                         "runtime honour any device list it asks for; remove it from "
                         "securityContext.capabilities.add",
                     )
-            if legacy and legacy_image(container) and not asks_for_gpu(container, policy):
-                yield Finding(
-                    "raw-visible-devices",
-                    f"{_label(kind, container)}: CUDA_VERSION without NVIDIA_REQUIRE_CUDA makes "
-                    "the NVIDIA runtime hand it every GPU; set NVIDIA_VISIBLE_DEVICES=void or "
-                    "request GPUs in limits",
-                )
+            if legacy_image(container):
+                if not asks_for_gpu(container, policy):
+                    if legacy:
+                        yield Finding(
+                            "raw-visible-devices",
+                            f"{_label(kind, container)}: CUDA_VERSION without NVIDIA_REQUIRE_CUDA "
+                            "makes the NVIDIA runtime hand it every GPU; set "
+                            "NVIDIA_VISIBLE_DEVICES=void or request GPUs in limits",
+                        )
+                elif gpu and container_class(container, policy) == "slice":
+                    # container_config.go: a legacy image gets every driver capability,
+                    # graphics and display too, which HAMi-core does not meter.
+                    yield Finding(
+                        "raw-visible-devices",
+                        f"{_label(kind, container)}: CUDA_VERSION without NVIDIA_REQUIRE_CUDA "
+                        "makes the NVIDIA runtime give a GPU slice every driver capability "
+                        "(graphics, display); set NVIDIA_REQUIRE_CUDA or remove CUDA_VERSION",
+                    )
             for prefix in spelling_prefixes(container) if "envFrom" in container else ():
                 yield Finding(
                     "raw-visible-devices",

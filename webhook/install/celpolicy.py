@@ -790,7 +790,11 @@ def _visible_devices(policy: Policy) -> PodTest:
             containers,
             f"e.name == 'NVIDIA_VISIBLE_DEVICES' && (has(e.valueFrom) || !({harmless}))",
         )
-        legacy = f"{containers}.exists(c, ({_legacy('c')}) && !({_asks_for_gpu(policy, 'c')}))"
+        # A legacy container that asks for no GPU gets every GPU; a slice, every capability.
+        legacy = (
+            f"{containers}.exists(c, ({_legacy('c')}) && (!({_asks_for_gpu(policy, 'c')}) || "
+            f"({gpu} && ({slice_test(policy, 'c')}))))"
+        )
         prefixes = (
             f"{containers}.exists(c, has(c.envFrom) && c.envFrom.exists(s, has(s.prefix) && "
             f"s.prefix != '' && ({_spells('s.prefix')})))"
