@@ -358,6 +358,23 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         "limit-tampering",
     ),
     "redirect": (_pod("p", _c(env=_env(("CUDA_REDIRECT", "libcuda.so")))), "limit-tampering"),
+    # The shared region on a host path every vGPU pod shares, out of HAMi's monitor's sight.
+    "region-on-the-lock-dir": (
+        _pod("p", _c(env=_env(("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpulock/x.cache")))),
+        "limit-tampering",
+    ),
+    "region-below-the-dir": (
+        _pod("p", _c(env=_env(("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/c/x.cache")))),
+        "limit-tampering",
+    ),
+    "priority-in-the-env": (
+        _pod("p", _c(env=_env(("CUDA_TASK_PRIORITY", "5")))),
+        "limit-tampering",
+    ),
+    "priority-resource": (
+        _pod("p", _asks({"nvidia.com/gpumem": "3000", "nvidia.com/priority": "5"})),
+        "invalid-gpu-request",
+    ),
     "oom-killer-off": (
         _pod("p", _c(env=_env(("ACTIVE_OOM_KILLER", "0")))),
         "limit-tampering",
@@ -546,6 +563,10 @@ ADMITTED: Final[dict[str, Obj]] = {
     "plain-privileged": _pod("p", _c(gpu=False, securityContext={"privileged": True})),
     "plain-node-name": _pod("p", _c(gpu=False), nodeName="node-1"),
     "gpu": _pod("p", _c()),
+    "region-in-the-dir": _pod(
+        "p", _c(env=_env(("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/own.cache")))
+    ),
+    "priority-high": _pod("p", _asks({"nvidia.com/gpumem": "3000", "nvidia.com/priority": "0"})),
     "gpu-settings": _pod(
         "p",
         _c(
@@ -1578,3 +1599,53 @@ def test_mount_paths_with_backsteps_are_left_to_the_webhook(api: Api, ns: str) -
     assert {v["rule"] for v in entry["violations"]} == {"host-device-access"}
     sent = api.create("Pod", ns, pod)
     assert sent.status == 201, sent.body
+
+
+# The values of HAMi-core's region and priority, spelt as tenants would: each judged by
+# the CEL policies as the core judges it (injection.region_readable, resources.PRIORITIES).
+_REGIONS: Final = (
+    "/usr/local/vgpu/a.cache",
+    "/usr/local/vgpu//./b.cache",
+    "//usr/local/vgpu/c.cache",
+    "/usr/local/vgpu/cache/c.cache",
+    "/usr/local/vgpu/../vgpulock/d.cache",
+    "/usr/local/vgpu/x/../d.cache",
+    "/usr/local/vgpu/libvgpu.so.cache",
+    "/usr/local/vgpu/region",
+    "/usr/local/vgpu/.cache",
+    "/usr/local/vgpu/",
+    "/tmp/vgpulock/e.cache",
+    "usr/local/vgpu/f.cache",
+    "",
+    "$(R)",
+)
+_PRIORITIES: Final = ("0", "1", " 1", "01", "-0", "2", "-1", "1x", "", "$(P)")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("CUDA_DEVICE_MEMORY_SHARED_CACHE", v) for v in _REGIONS]
+    + [("CUDA_TASK_PRIORITY", v) for v in _PRIORITIES]
+    + [("nvidia.com/priority", v) for v in ("0", "1", "2", "-1", "5", "999999999")],
+)
+def test_region_and_priority_are_judged_as_the_core_judges_them(
+    api: Api, ns: str, name: str, value: str
+) -> None:
+    if name.startswith("nvidia.com/"):
+        pod = _pod("p", _asks({"nvidia.com/gpumem": "3000", name: value}))
+    else:
+        pod = _pod("p", _c(env=_env((name, value))))
+    for container in ("main", "sidecar"):
+        obj = pod if container == "main" else _with_container(pod, _c("side", gpu=False))
+        if container == "sidecar" and not name.startswith("nvidia.com/"):
+            obj = _pod("p", _c(), _c("side", gpu=False, env=_env((name, value))))
+        mutated = _mutation_of(obj, POLICY, namespace=ns)
+        want = core_denials(mutated, ns)
+        sent = api.create("Pod", ns, mutated)
+        if sent.status == 422:
+            # The apiserver's own validation (a negative quantity) refuses it first.
+            assert want, (name, value)
+            continue
+        got = vap_rules(sent)
+        # A denial names the first refusing policy: compare that one.
+        assert got <= want and bool(got) == bool(want), (name, value, container, got, want)

@@ -204,10 +204,8 @@ _PRESET_ENV: Final[tuple[Obj, ...]] = (
     {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"},
     {"name": "ACTIVE_OOM_KILLER", "value": "true"},
     {"name": "CUDA_TASK_PRIORITY", "value": "0"},
-    {
-        "name": "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
-    },
+    # A region the device plugin's monitor reads: neither mutation touches it.
+    {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/usr/local/vgpu/own.cache"},
     {"name": "MODEL", "value": "llama"},
     {"name": "MODEL", "value": "mistral"},
 )

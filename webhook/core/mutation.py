@@ -20,7 +20,6 @@ from typing import Any, Final
 from webhook.core.env import env_value, names_nvidia_env
 from webhook.core.finding import quoted
 from webhook.core.injection import (
-    CACHE_DIR,
     LIBRARY_PATH,
     MODE_ANNOTATION,
     PLAIN,
@@ -115,13 +114,8 @@ def wanted_env(request: ContainerRequest, mode: Mode, policy: Policy) -> list[Wa
                 wants.append(Want(f"CUDA_DEVICE_SM_LIMIT_{i}", cores))
         wants.append(_UTILIZATION[policy.core_utilization_policy])
         wants.extend(_SWITCHES)
-        wants.append(
-            Want(
-                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-                f"{CACHE_DIR}/{request.name}.cache",
-                report=False,
-            )
-        )
+        # No CUDA_DEVICE_MEMORY_SHARED_CACHE (injection.REGION_DIR): the device plugin's
+        # own value is where its monitor reads it, on its read-write mount.
         # HAMi-core schedules kernels by it (0 is high): without a request, its default.
         priority = request.priority if request.priority is not None else _DEFAULT_PRIORITY
         wants.append(Want("CUDA_TASK_PRIORITY", str(priority)))

@@ -13,9 +13,12 @@ from webhook.core.finding import Finding, quoted
 from webhook.core.injection import (
     MPS_LIMIT_VARS,
     PLAIN,
+    REGION_DIR,
+    REGION_VARIABLE,
     VGPU_LIMIT_PREFIXES,
     Injection,
     Treatment,
+    region_readable,
 )
 from webhook.core.policy import (
     DEFAULT_SCHEDULER,
@@ -28,6 +31,7 @@ from webhook.core.policy import (
 )
 from webhook.core.resources import (
     CONTAINER_KINDS,
+    PRIORITIES,
     ContainerKind,
     ContainerRequest,
     PodRequests,
@@ -53,6 +57,10 @@ _SWITCHES: Final = frozenset(
         "CUDA_REDIRECT",
         "ACTIVE_OOM_KILLER",
         "CGPU_DISABLE",
+        # Where HAMi-core keeps a container's limits and usage, and its task priority:
+        # judged here, never pinned by the mutation (the priority is, from the resource).
+        REGION_VARIABLE,
+        "CUDA_TASK_PRIORITY",
     }
 )
 _JUDGED_ENV: Final = frozenset({"NVIDIA_VISIBLE_DEVICES"})
@@ -488,7 +496,21 @@ def _loosening(name: str, value: str | None, policy: Policy) -> str | None:
         # ACK's device plugin sets it true only where the node's isolation is off
         # (gpushare-device-plugin allocate.go); from the pod it wins over the plugin's.
         return "switches ACK's cGPU isolation off"
+    elif name == REGION_VARIABLE and (opaque(value) or not region_readable(str(value))):
+        # HAMi's device plugin sets a file in its per-container directory; the pod's
+        # value wins over it (the kubelet appends the pod's env after the plugin's).
+        return (
+            f"hides HAMi-core's region from HAMi's vGPU monitor or shares it; leave it "
+            f"unset, or a .cache file directly in {REGION_DIR}"
+        )
+    elif name == "CUDA_TASK_PRIORITY" and (
+        opaque(value) or str(value).strip() not in _PRIORITY_TEXTS
+    ):
+        return "is no priority HAMi knows (0 high, 1 low); ask for nvidia.com/priority"
     return None
+
+
+_PRIORITY_TEXTS: Final = frozenset(str(p) for p in PRIORITIES)
 
 
 def limit_tampering(subject: Subject) -> Iterator[Finding]:

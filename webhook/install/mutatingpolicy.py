@@ -52,7 +52,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from webhook.core.injection import (
-    CACHE_DIR,
     LIBRARY_PATH,
     MODE_ANNOTATION,
     Injection,
@@ -60,7 +59,7 @@ from webhook.core.injection import (
 )
 from webhook.core.mutation import VOID
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
-from webhook.core.resources import MAX_COUNT, MAX_GIB, MAX_MIB
+from webhook.core.resources import MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
 from webhook.core.whole import REQUIRED
 from webhook.core.workload import KINDS_BY_PATH
 from webhook.install import celpolicy
@@ -166,9 +165,11 @@ def _priority(policy: Policy) -> str:
     """The priority resource's value as text, or HAMi-core's default 1."""
     if not policy.priority_resources:
         return "'1'"
+    documented = ", ".join(str(p) for p in PRIORITIES)
     return (
         f"cel.bind(v, {_values(policy.priority_resources)}, size(v) > 0 && "
-        "string(v[0]).matches('^-?[0-9]{1,9}$') ? string(int(string(v[0]))) : '1')"
+        "string(v[0]).matches('^-?[0-9]{1,9}$') && "
+        f"int(string(v[0])) in [{documented}] ? string(int(string(v[0]))) : '1')"
     )
 
 
@@ -210,13 +211,8 @@ def _vgpu_wants(policy: Policy) -> str:
     )
     loose = f"has(c.env) && c.env.exists(e, {celpolicy.loosening(policy, 'e')})"
     parts.append(f"({loose} ? [] : [{', '.join(switches)}])")
-    fixed = (
-        _entry(
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE", f"{literal(CACHE_DIR + '/')} + c.name + '.cache'"
-        ),
-        _entry("CUDA_TASK_PRIORITY", _priority(policy)),
-    )
-    parts.append("[" + ", ".join(fixed) + "]")
+    # No CUDA_DEVICE_MEMORY_SHARED_CACHE: the device plugin's own value stands.
+    parts.append(f"[{_entry('CUDA_TASK_PRIORITY', _priority(policy))}]")
     return " + ".join(parts)
 
 

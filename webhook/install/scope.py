@@ -51,7 +51,6 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Final, TypedDict
 
 from webhook.core.injection import (
-    VOLUME_CACHE,
     VOLUME_LIBRARY,
     VOLUME_LOCK,
     VOLUME_MPS_PIPE,
@@ -71,7 +70,6 @@ CDI_MARK: Final = "cdi.k8s.io/"
 INJECTED_VOLUMES: Final = (
     VOLUME_LIBRARY,
     VOLUME_LOCK,
-    VOLUME_CACHE,
     VOLUME_PRELOAD,
     VOLUME_MPS_PIPE,
 )
