@@ -88,6 +88,9 @@ def cel_cluster(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     policy.write_text((ROOT / "policies" / "default.yaml").read_text())
     with running(bin_dir=bin_dir, policy=policy, workdir=workdir) as cluster:
         cluster.unregister_webhooks()
+        node: Any = client.NodeV1Api(cluster.api_client())
+        for name in (*sorted(POLICY.gpu_runtime_classes), "kata"):
+            node.create_runtime_class({"metadata": {"name": name}, "handler": name})
         admission: Any = client.AdmissionregistrationV1Api(cluster.api_client())
         assert not admission.list_validating_webhook_configuration().items
         assert not admission.list_mutating_webhook_configuration().items
@@ -208,10 +211,12 @@ def core_denials(obj: Any, namespace: str, policy: Policy = POLICY, **request: A
             groups=tuple(request.get("groups", ())),
         )
         validated = {v["rule"] for v in decide(obj, facts, policy, phase="validate").denials}
-        # A container the webhook would void (a legacy CUDA image) is seen by the
-        # policies as /validate sees what missed the mutation, whatever else is refused.
-        if "raw-visible-devices" in validated:
-            denied.add("raw-visible-devices")
+        # A container the webhook would void (a legacy CUDA image, one under a GPU
+        # runtime class) is seen by the policies as /validate sees what missed the
+        # mutation, whatever else is refused.
+        for rule in ("raw-visible-devices", "host-device-access"):
+            if rule in validated:
+                denied.add(rule)
         if "unmutated-gpu-pod" in validated:
             denied.add("unmutated-gpu-pod")
     return denied
@@ -374,6 +379,12 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
     "priority-resource": (
         _pod("p", _asks({"nvidia.com/gpumem": "3000", "nvidia.com/priority": "5"})),
         "invalid-gpu-request",
+    ),
+    # A CUDA image under the NVIDIA runtime sees every GPU without the void (the class
+    # exists in cel_cluster: the apiserver refuses a pod naming one that does not).
+    "gpu-runtime-class": (
+        _pod("p", _c(gpu=False), runtimeClassName="nvidia"),
+        "host-device-access",
     ),
     "oom-killer-off": (
         _pod("p", _c(env=_env(("ACTIVE_OOM_KILLER", "0")))),
@@ -562,6 +573,10 @@ ADMITTED: Final[dict[str, Obj]] = {
     "plain": _pod("p", _c(gpu=False)),
     "plain-privileged": _pod("p", _c(gpu=False, securityContext={"privileged": True})),
     "plain-node-name": _pod("p", _c(gpu=False), nodeName="node-1"),
+    "other-runtime-class": _pod("p", _c(gpu=False), runtimeClassName="kata"),
+    "gpu-runtime-class-voided": _pod(
+        "p", _c(gpu=False, env=_env(("NVIDIA_VISIBLE_DEVICES", "void"))), runtimeClassName="nvidia"
+    ),
     "gpu": _pod("p", _c()),
     "region-in-the-dir": _pod(
         "p", _c(env=_env(("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/own.cache")))

@@ -139,5 +139,12 @@ def injection_for(mode: Mode, policy: Policy) -> Injection:
     return NOTHING
 
 
+def gpu_runtime(spec: Mapping[str, Any], policy: Policy) -> bool:
+    """The pod runs under a RuntimeClass whose handler is the NVIDIA runtime
+    (``runtimeClasses.gpu``): a CUDA image's baked NVIDIA_VISIBLE_DEVICES=all holds there."""
+    name = spec.get("runtimeClassName")
+    return isinstance(name, str) and name in policy.gpu_runtime_classes
+
+
 def same_volume(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:
     return dict(have) == want

@@ -26,6 +26,7 @@ from webhook.core.injection import (
     VGPU_LIMIT_PREFIXES,
     Injection,
     Treatment,
+    gpu_runtime,
     same_volume,
 )
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
@@ -375,10 +376,11 @@ def _implied_ops(out: Patch, view: PodView, request: ContainerRequest) -> None:
 VOID: Final = "void"
 
 
-def needs_void(spec: Mapping[str, Any], requests: PodRequests) -> bool:
+def needs_void(spec: Mapping[str, Any], requests: PodRequests, policy: Policy) -> bool:
     """The pod's containers that ask for no GPU get NVIDIA_VISIBLE_DEVICES=void: in a GPU
-    pod, and in a pod whose env names CUDA_VERSION or an NVIDIA_* variable."""
-    if requests.gpu:
+    pod, in a pod under one of the policy's GPU runtime classes, and in a pod whose env
+    names CUDA_VERSION or an NVIDIA_* variable."""
+    if requests.gpu or gpu_runtime(spec, policy):
         return True
     for kind in ("containers", "initContainers"):
         containers = spec.get(kind)
@@ -484,7 +486,7 @@ def _edits(
         for request in requests.containers:
             if request.shares and request.kind != "ephemeralContainers":
                 _implied_ops(out, view, request)
-    if needs_void(view.spec, requests):
+    if needs_void(view.spec, requests, policy):
         _void_ops(out, view, requests, policy)
 
 

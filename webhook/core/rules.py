@@ -18,6 +18,7 @@ from webhook.core.injection import (
     VGPU_LIMIT_PREFIXES,
     Injection,
     Treatment,
+    gpu_runtime,
     region_readable,
 )
 from webhook.core.policy import (
@@ -362,6 +363,8 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     judged = _GPU_JUDGED_ENV if gpu else _JUDGED_ENV
     read_only = subject.injection.read_only_volumes
     spec = subject.view.spec
+    # Under the NVIDIA runtime a container without the void sees what its image bakes.
+    runtime = legacy and gpu_runtime(spec, policy)
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
         if not isinstance(containers, list):
@@ -394,6 +397,13 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                     "the NVIDIA runtime hand it every GPU; set NVIDIA_VISIBLE_DEVICES=void or "
                     "request GPUs in limits",
                 )
+            if runtime and not asks_for_gpu(container, policy) and not _names_visible(container):
+                yield Finding(
+                    "host-device-access",
+                    f"{_label(kind, container)}: runtimeClassName {spec['runtimeClassName']} "
+                    "hands every GPU to a container that asks for none; set "
+                    "NVIDIA_VISIBLE_DEVICES=void or request GPUs in limits",
+                )
             for prefix in spelling_prefixes(container) if "envFrom" in container else ():
                 yield Finding(
                     "raw-visible-devices",
@@ -412,6 +422,16 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
             mounts = container.get("volumeMounts")
             if isinstance(mounts, list):
                 yield from _mount_findings(kind, container, mounts, read_only)
+
+
+def _names_visible(container: Mapping[str, Any]) -> bool:
+    """Some env entry of ``container`` is NVIDIA_VISIBLE_DEVICES (raw-visible-devices
+    judges its value)."""
+    env = container.get("env")
+    return isinstance(env, list) and any(
+        isinstance(entry, MAPPINGS) and entry.get("name") == "NVIDIA_VISIBLE_DEVICES"
+        for entry in env
+    )
 
 
 def _cdi_findings(subject: Subject) -> Iterator[Finding]:

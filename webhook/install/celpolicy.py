@@ -837,9 +837,17 @@ def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotatio
         f"(has({spec}.hostIPC) && {spec}.hostIPC == true && "
         "!(variables.mode == 'mps' && variables.sharing)))"
     )
-    return (
-        f"({_host_paths(policy, containers, gpu, spec)}) || ({mounts}) || ({cdi}) || ({namespaces})"
-    )
+    terms = [_host_paths(policy, containers, gpu, spec), mounts, cdi, namespaces]
+    if policy.gpu_runtime_classes:
+        # A container under a GPU runtime class that asks for no GPU and lacks the void
+        # (rules._container_findings; the mutation voids containers and init containers).
+        classes = _list(sorted(policy.gpu_runtime_classes))
+        terms.append(
+            f"has({spec}.runtimeClassName) && {spec}.runtimeClassName in {classes} && "
+            f"{containers}.exists(c, !({_asks_for_gpu(policy, 'c')}) && "
+            f"!(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)})))"
+        )
+    return " || ".join(f"({t})" for t in terms)
 
 
 def _host_device_access(policy: Policy) -> str:

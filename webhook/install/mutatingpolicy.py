@@ -15,7 +15,8 @@ Two policies, each for pods and the workload kinds' pod templates:
   implied count resource; in every mode the void for the containers that ask for no
   GPU.
 - ``gpushare-void`` (failurePolicy Ignore), for objects that ask for no GPU but name
-  ``CUDA_VERSION`` or an ``NVIDIA_*`` variable: the void, and nothing else. Ignore, so
+  ``CUDA_VERSION`` or an ``NVIDIA_*`` variable or run under one of the policy's GPU
+  runtime classes: the void, and nothing else. Ignore, so
   that a CEL error never blocks a pod that shares no GPU; the raw-visible-devices
   validation still refuses a legacy container left without it.
 
@@ -615,9 +616,15 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
     # longer one) is never evaluated.
     nvidia = (
         f"({containers}).exists(c, has(c.env) && "
-        "c.env.exists(e, e.name == 'CUDA_VERSION' || e.name.startsWith('NVIDIA_'))) && "
-        f"!({gpu})"
+        "c.env.exists(e, e.name == 'CUDA_VERSION' || e.name.startsWith('NVIDIA_')))"
     )
+    if policy.gpu_runtime_classes:
+        # mutation.needs_void: under a GPU runtime class every container without a GPU.
+        runtime = f"has(({spec_of}).runtimeClassName) && " + (
+            f"({spec_of}).runtimeClassName in {_list(sorted(policy.gpu_runtime_classes))}"
+        )
+        nvidia = f"({runtime}) || {nvidia}"
+    nvidia = f"({nvidia}) && !({gpu})"
     patch = _by_mode(
         {
             "vgpu": f"(variables.library ? {_removals(policy, 'vgpu')} : [])",
@@ -648,7 +655,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         "matchConstraints": constraints,
         "matchConditions": [
             *exemptions,
-            {"name": "gpushare.io/names-nvidia-env", "expression": nvidia},
+            {"name": "gpushare.io/needs-void", "expression": nvidia},
         ],
         "reinvocationPolicy": "IfNeeded",
         "variables": [v for v in shared if v["name"] in ("spec", "voided")],
