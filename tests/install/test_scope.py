@@ -100,6 +100,20 @@ def test_policy_vocabulary_is_in_the_conditions() -> None:
         assert fixed in expression
 
 
+def test_gpu_runtime_classes_are_in_the_conditions() -> None:
+    """A pod under a GPU runtime class is voided or refused whatever else it holds, so
+    the class alone sends it; a policy without classes sends nothing for it."""
+    expression = " ".join(c["expression"] for c in match_conditions(DEFAULT_POLICY))
+    assert "object.spec.runtimeClassName in " in expression
+    for name in DEFAULT_POLICY.gpu_runtime_classes:
+        assert literal(name) in expression
+    none = parse_policy(
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\n"
+        "spec:\n  runtimeClasses: {gpu: []}\n"
+    )
+    assert "runtimeClassName" not in " ".join(c["expression"] for c in match_conditions(none))
+
+
 @pytest.mark.parametrize(
     ("patterns", "prefixes", "exact"),
     [

@@ -259,7 +259,7 @@ def decide(
     elif (
         phase == "mutate"
         and subject.created
-        and (mutable or needs_void(view.spec, subject.requests))
+        and (mutable or needs_void(view.spec, subject.requests, policy))
     ):
         # A pod that shares no GPU may still need the void for its containers: mutated,
         # but never refused as unmutated (a legacy image is raw-visible-devices').

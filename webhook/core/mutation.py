@@ -23,10 +23,10 @@ from webhook.core.injection import (
     LIBRARY_PATH,
     MODE_ANNOTATION,
     PLAIN,
-    REGION_DIR,
     VGPU_LIMIT_PREFIXES,
     Injection,
     Treatment,
+    gpu_runtime,
     same_volume,
 )
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
@@ -128,13 +128,8 @@ def wanted_env(
                 wants.append(Want(f"CUDA_DEVICE_SM_LIMIT_{i}", cores))
         wants.append(_UTILIZATION[policy.core_utilization_policy])
         wants.extend(_SWITCHES)
-        wants.append(
-            Want(
-                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-                f"{REGION_DIR}/{request.name}.cache",
-                report=False,
-            )
-        )
+        # No CUDA_DEVICE_MEMORY_SHARED_CACHE (injection.REGION_DIR): the device plugin's
+        # own value is where its monitor reads it, on its read-write mount.
         # HAMi-core schedules kernels by it (0 is high): without a request, its default.
         priority = request.priority if request.priority is not None else _DEFAULT_PRIORITY
         wants.append(Want("CUDA_TASK_PRIORITY", str(priority)))
@@ -398,10 +393,11 @@ def _implied_ops(out: Patch, view: PodView, request: ContainerRequest) -> None:
 VOID: Final = "void"
 
 
-def needs_void(spec: Mapping[str, Any], requests: PodRequests) -> bool:
+def needs_void(spec: Mapping[str, Any], requests: PodRequests, policy: Policy) -> bool:
     """The pod's containers that ask for no GPU get NVIDIA_VISIBLE_DEVICES=void: in a GPU
-    pod, and in a pod whose env names CUDA_VERSION or an NVIDIA_* variable."""
-    if requests.gpu:
+    pod, in a pod under one of the policy's GPU runtime classes, and in a pod whose env
+    names CUDA_VERSION or an NVIDIA_* variable."""
+    if requests.gpu or gpu_runtime(spec, policy):
         return True
     for kind in ("containers", "initContainers"):
         containers = spec.get(kind)
@@ -507,7 +503,7 @@ def _edits(
         for request in requests.containers:
             if request.shares and request.kind != "ephemeralContainers":
                 _implied_ops(out, view, request)
-    if needs_void(view.spec, requests):
+    if needs_void(view.spec, requests, policy):
         _void_ops(out, view, requests, policy)
 
 

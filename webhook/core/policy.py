@@ -272,6 +272,11 @@ SCHEMA: Final[dict[str, Any]] = {
                         },
                     },
                 },
+                "runtimeClasses": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"gpu": _STRINGS},
+                },
                 "dra": {
                     "type": "object",
                     "additionalProperties": False,
@@ -500,6 +505,9 @@ class Policy:
     # namespaces that may claim them (gpu-claim).
     gpu_device_classes: tuple[str, ...] = ()
     claim_namespaces: tuple[str, ...] = ()
+    # RuntimeClasses whose handler runs the NVIDIA runtime: a container under one that
+    # asks for no GPU gets NVIDIA_VISIBLE_DEVICES=void (host-device-access without it).
+    gpu_runtime_classes: frozenset[str] = frozenset()
     # (deviceclass.resource.kubernetes.io/<class>, class) of each GPU device class: the
     # extended resource DRA serves the class under (DRAExtendedResource).
     gpu_class_resources: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
@@ -933,6 +941,7 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         gpu_device_classes=tuple(spec["dra"]["deviceClasses"]),
         claim_namespaces=tuple(spec["dra"]["allowedNamespaces"]),
         env_allowances=tuple(_env_allowance(entry) for entry in spec["env"]["allowed"]),
+        gpu_runtime_classes=frozenset(spec["runtimeClasses"]["gpu"]),
     )
 
 

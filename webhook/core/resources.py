@@ -46,6 +46,11 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
 _RANGE_TEXT: Final = {"GiB": f"1..{MAX_GIB} GiB, or {MAX_GIB + 1}..{MAX_MIB} read as MiB"}
 # ASCII digits only: str.isdigit() takes "\u00b2" and int() then raises.
 _PRIORITY: Final = re.compile(r"-?[0-9]{1,9}")
+# The task priorities HAMi documents (0 high, 1 low: Project-HAMi/HAMi CHANGELOG.md:57 @
+# 4707fb02). Its vGPU monitor grows a table to the priority of each region and skips a
+# negative one (cmd/vGPUmonitor/feedback.go:90-97): 999999999 costs it gigabytes, -1
+# escapes its blocking.
+PRIORITIES: Final = (0, 1)
 
 
 def describe(kind: ContainerKind, name: str) -> str:
@@ -229,12 +234,12 @@ def _read_sharing(resource: str, raw: Any, request: ContainerRequest, policy: Po
     else:  # priority
         text = str(raw).strip()
         problem = None
-        if _PRIORITY.fullmatch(text):
+        if _PRIORITY.fullmatch(text) and int(text) in PRIORITIES:
             request.priority = int(text)
         else:
             problem = Finding(
                 "invalid-gpu-request",
-                f"{request.label}: {resource} {quoted(raw)} must be an integer priority",
+                f"{request.label}: {resource} {quoted(raw)} must be 0 (high) or 1 (low)",
             )
     if problem:
         request.problems.append(problem)

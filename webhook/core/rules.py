@@ -25,9 +25,13 @@ from webhook.core.finding import Finding, quoted
 from webhook.core.injection import (
     MPS_LIMIT_VARS,
     PLAIN,
+    REGION_DIR,
+    REGION_VARIABLE,
     VGPU_LIMIT_PREFIXES,
     Injection,
     Treatment,
+    gpu_runtime,
+    region_readable,
 )
 from webhook.core.policy import (
     DEFAULT_SCHEDULER,
@@ -40,6 +44,7 @@ from webhook.core.policy import (
 )
 from webhook.core.resources import (
     CONTAINER_KINDS,
+    PRIORITIES,
     ContainerKind,
     ContainerRequest,
     PodRequests,
@@ -66,6 +71,10 @@ _SWITCHES: Final = frozenset(
         "CUDA_REDIRECT",
         "ACTIVE_OOM_KILLER",
         "CGPU_DISABLE",
+        # Where HAMi-core keeps a container's limits and usage, and its task priority:
+        # judged here, never pinned by the mutation (the priority is, from the resource).
+        REGION_VARIABLE,
+        "CUDA_TASK_PRIORITY",
     }
 )
 _JUDGED_ENV: Final = frozenset({"NVIDIA_VISIBLE_DEVICES"})
@@ -441,6 +450,8 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     judged = _GPU_JUDGED_ENV if gpu else _JUDGED_ENV
     spec = subject.view.spec
     read_only = subject.injection.read_only_volumes | _shared_host_volumes(spec, policy)
+    # Under the NVIDIA runtime a container without the void sees what its image bakes.
+    runtime = legacy and gpu_runtime(spec, policy)
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
         if not isinstance(containers, list):
@@ -484,6 +495,13 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                         "makes the NVIDIA runtime give a GPU slice every driver capability "
                         "(graphics, display); set NVIDIA_REQUIRE_CUDA or remove CUDA_VERSION",
                     )
+            if runtime and not asks_for_gpu(container, policy) and not _names_visible(container):
+                yield Finding(
+                    "host-device-access",
+                    f"{_label(kind, container)}: runtimeClassName {spec['runtimeClassName']} "
+                    "hands every GPU to a container that asks for none; set "
+                    "NVIDIA_VISIBLE_DEVICES=void or request GPUs in limits",
+                )
             for prefix in spelling_prefixes(container) if "envFrom" in container else ():
                 yield Finding(
                     "raw-visible-devices",
@@ -515,6 +533,16 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
             mounts = container.get("volumeMounts")
             if isinstance(mounts, list):
                 yield from _mount_findings(kind, container, mounts, read_only)
+
+
+def _names_visible(container: Mapping[str, Any]) -> bool:
+    """Some env entry of ``container`` is NVIDIA_VISIBLE_DEVICES (raw-visible-devices
+    judges its value)."""
+    env = container.get("env")
+    return isinstance(env, list) and any(
+        isinstance(entry, MAPPINGS) and entry.get("name") == "NVIDIA_VISIBLE_DEVICES"
+        for entry in env
+    )
 
 
 def _cdi_findings(subject: Subject) -> Iterator[Finding]:
@@ -599,7 +627,21 @@ def _loosening(name: str, value: str | None, policy: Policy) -> str | None:
         # ACK's device plugin sets it true only where the node's isolation is off
         # (gpushare-device-plugin allocate.go); from the pod it wins over the plugin's.
         return "switches ACK's cGPU isolation off"
+    elif name == REGION_VARIABLE and (opaque(value) or not region_readable(str(value))):
+        # HAMi's device plugin sets a file in its per-container directory; the pod's
+        # value wins over it (the kubelet appends the pod's env after the plugin's).
+        return (
+            f"hides HAMi-core's region from HAMi's vGPU monitor or shares it; leave it "
+            f"unset, or a .cache file directly in {REGION_DIR}"
+        )
+    elif name == "CUDA_TASK_PRIORITY" and (
+        opaque(value) or str(value).strip() not in _PRIORITY_TEXTS
+    ):
+        return "is no priority HAMi knows (0 high, 1 low); ask for nvidia.com/priority"
     return None
+
+
+_PRIORITY_TEXTS: Final = frozenset(str(p) for p in PRIORITIES)
 
 
 def limit_tampering(subject: Subject) -> Iterator[Finding]:

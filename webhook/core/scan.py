@@ -125,7 +125,7 @@ _FACTS_DICTIONARY: Final = "".join(
         '{"name":"gpushare-vgpu-lock","hostPath":{"path":"/tmp/vgpulock","type":"DirectoryOrCreate"}}',
         '{"name":"LD_PRELOAD","value":"/usr/local/vgpu/libvgpu.so"}',
         '{"name":"CUDA_DEVICE_MEMORY_LIMIT_0","value":"m"},{"name":"CUDA_DEVICE_SM_LIMIT","value":"',
-        '{"name":"CUDA_DEVICE_MEMORY_SHARED_CACHE","value":"/usr/local/vgpu/',
+        '{"name":"CUDA_TASK_PRIORITY","value":"1"}',
         '{"name":"GPU_CORE_UTILIZATION_POLICY","value":"default"},{"name":"CUDA_REDIRECT","value":""},',
         '{"name":"ACTIVE_OOM_KILLER","value":"true"},{"name":"NVIDIA_VISIBLE_DEVICES","value":"void"}',
         '"schedulerName":"hami-scheduler","nodeSelector":{',

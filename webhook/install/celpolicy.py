@@ -134,6 +134,8 @@ from webhook.core.injection import (
     MODE_ANNOTATION,
     MPS_LIMIT_VARS,
     REGION_DIR,
+    REGION_SUFFIX,
+    REGION_VARIABLE,
     injection_for,
 )
 from webhook.core.objects import DEVICE_CLASS, ENV_SOURCES
@@ -149,7 +151,7 @@ from webhook.core.policy import (
     Policy,
     normalised,
 )
-from webhook.core.resources import CONTAINER_KINDS, MAX_COUNT, MAX_GIB, MAX_MIB
+from webhook.core.resources import CONTAINER_KINDS, MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
 from webhook.core.rules import (
     _CONFIG_ROOTS,
     _DEVICE_PARENTS,
@@ -816,11 +818,27 @@ def loosening(policy: Policy, entry: str) -> str:
         f"{name} == 'CUDA_REDIRECT' && ({opaque} || {value} != '')",
         f"{name} == 'ACTIVE_OOM_KILLER' && ({opaque} || {_stripped_in(value, _FALSY)})",
         f"{name} == 'CGPU_DISABLE' && ({opaque} || !({_stripped_in(value, _FALSY)}))",
+        f"{name} == {literal(REGION_VARIABLE)} && ({opaque} || !({region_readable(value)}))",
+        f"{name} == 'CUDA_TASK_PRIORITY' && ({opaque} || "
+        f"!({_stripped_in(value, [str(p) for p in PRIORITIES])}))",
     ]
     if not policy.allow_disable_core_utilization_policy:
         disable = _stripped_in(value, ("disable",))
         terms.insert(1, f"{name} == 'GPU_CORE_UTILIZATION_POLICY' && ({opaque} || {disable})")
     return " || ".join(f"({t})" for t in terms)
+
+
+def region_readable(value: str) -> str:
+    """``injection.region_readable`` of the CEL string ``value``: its segments, without
+    empty ones and ``.``, are those of REGION_DIR and one ``.cache`` name."""
+    wanted = REGION_DIR.strip("/").split("/")
+    parts = " && ".join(f"g[{i}] == {literal(part)}" for i, part in enumerate(wanted))
+    name = f"g[{len(wanted)}]"
+    return (
+        f"{value}.startsWith('/') && [{value}.split('/').filter(s, s != '' && s != '.')]"
+        f".exists(g, size(g) == {len(wanted) + 1} && {parts} && "
+        f"{name}.endsWith({literal(REGION_SUFFIX)}) && !{name}.contains('libvgpu.so'))"
+    )
 
 
 def _switches(policy: Policy) -> PodTest:
@@ -984,9 +1002,17 @@ def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotatio
         f"(has({spec}.hostIPC) && {spec}.hostIPC == true && "
         "!(variables.mode == 'mps' && variables.sharing)))"
     )
-    return (
-        f"({_host_paths(policy, containers, gpu, spec)}) || ({mounts}) || ({cdi}) || ({namespaces})"
-    )
+    terms = [_host_paths(policy, containers, gpu, spec), mounts, cdi, namespaces]
+    if policy.gpu_runtime_classes:
+        # A container under a GPU runtime class that asks for no GPU and lacks the void
+        # (rules._container_findings; the mutation voids containers and init containers).
+        classes = _list(sorted(policy.gpu_runtime_classes))
+        terms.append(
+            f"has({spec}.runtimeClassName) && {spec}.runtimeClassName in {classes} && "
+            f"{containers}.exists(c, !({_asks_for_gpu(policy, 'c')}) && "
+            f"!(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)})))"
+        )
+    return " || ".join(f"({t})" for t in terms)
 
 
 def _host_device_access(policy: Policy) -> str:
@@ -1030,6 +1056,12 @@ _REQUESTS: Final = (
 _PRIORITY: Final = "^-?[0-9]{1,9}$"
 # Below every priority the text can hold: "none found".
 _NO_PRIORITY: Final = -(10**10)
+
+
+def _priority_valid(v: str) -> str:
+    """``_read_sharing`` takes the quantity text ``v`` as a priority: an integer HAMi
+    documents (resources.PRIORITIES)."""
+    return f"{v}.matches({literal(_PRIORITY)}) && int({v}) in {_list_ints(PRIORITIES)}"
 
 
 def _parts(c: str, body: str) -> str:
@@ -1089,7 +1121,7 @@ def _units(policy: Policy) -> list[tuple[str, int, int]]:
 
 def _valid(policy: Policy, v: str) -> str:
     """The quantity text ``v`` of GPU resource ``r`` is what its unit allows."""
-    expression = f"{v}.matches({literal(_PRIORITY)})"
+    expression = _priority_valid(v)
     for test, low, high in reversed(_units(policy)):
         expression = f"({test}) ? ({_whole(v, low, high)}) : ({expression})"
     return expression
@@ -1143,7 +1175,7 @@ def _ask(policy: Policy, c: str, *, init: bool = False, only: Iterable[str] = ()
     cores = f"{_asked(policy.cores_resources)}.map(r, {_amount(_ASKED, 1, 100)})"
     percentage = f"{_asked(policy.memory_percentage_resources)}.map(r, {_amount(_ASKED, 1, 100)})"
     priority = (
-        f"{_asked(policy.priority_resources)}.map(r, {_ASKED}.matches({literal(_PRIORITY)}) ? "
+        f"{_asked(policy.priority_resources)}.map(r, {_priority_valid(_ASKED)} ? "
         f"int({_ASKED}) : {_NO_PRIORITY}).filter(x, x != {_NO_PRIORITY})"
     )
     mig = f"L.exists(r, {_mig_test(policy)}) || R.exists(r, {_mig_test(policy)})"
@@ -1372,8 +1404,6 @@ def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
     )
     tests.append(_env_is("'CUDA_REDIRECT'", "''"))
     tests.append(_env_holds("'ACTIVE_OOM_KILLER'", "v in ['true', '1']"))
-    cache = f"{literal(REGION_DIR + '/')} + c.name + '.cache'"
-    tests.append(_env_is("'CUDA_DEVICE_MEMORY_SHARED_CACHE'", cache))
     tests.append(_env_is("'CUDA_TASK_PRIORITY'", "string(a['p'])"))
     # mutation.stray_env: a vGPU limit variable the wanted set does not own. A memory
     # percentage's per-GPU limits are owned too: the webhook's cluster view turns the

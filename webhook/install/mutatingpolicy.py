@@ -15,7 +15,8 @@ Two policies, each for pods and the workload kinds' pod templates:
   implied count resource; in every mode the void for the containers that ask for no
   GPU.
 - ``gpushare-void`` (failurePolicy Ignore), for objects that ask for no GPU but name
-  ``CUDA_VERSION`` or an ``NVIDIA_*`` variable: the void, and nothing else. Ignore, so
+  ``CUDA_VERSION`` or an ``NVIDIA_*`` variable or run under one of the policy's GPU
+  runtime classes: the void, and nothing else. Ignore, so
   that a CEL error never blocks a pod that shares no GPU; the raw-visible-devices
   validation still refuses a legacy container left without it.
 
@@ -54,13 +55,12 @@ from typing import Any, Final
 from webhook.core.injection import (
     LIBRARY_PATH,
     MODE_ANNOTATION,
-    REGION_DIR,
     Injection,
     injection_for,
 )
 from webhook.core.mutation import VOID
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
-from webhook.core.resources import MAX_COUNT, MAX_GIB, MAX_MIB
+from webhook.core.resources import MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
 from webhook.core.whole import REQUIRED
 from webhook.core.workload import KINDS_BY_PATH
 from webhook.install import celpolicy
@@ -166,9 +166,11 @@ def _priority(policy: Policy) -> str:
     """The priority resource's value as text, or HAMi-core's default 1."""
     if not policy.priority_resources:
         return "'1'"
+    documented = ", ".join(str(p) for p in PRIORITIES)
     return (
         f"cel.bind(v, {_values(policy.priority_resources)}, size(v) > 0 && "
-        "string(v[0]).matches('^-?[0-9]{1,9}$') ? string(int(string(v[0]))) : '1')"
+        "string(v[0]).matches('^-?[0-9]{1,9}$') && "
+        f"int(string(v[0])) in [{documented}] ? string(int(string(v[0]))) : '1')"
     )
 
 
@@ -210,13 +212,8 @@ def _vgpu_wants(policy: Policy) -> str:
     )
     loose = f"has(c.env) && c.env.exists(e, {celpolicy.loosening(policy, 'e')})"
     parts.append(f"({loose} ? [] : [{', '.join(switches)}])")
-    fixed = (
-        _entry(
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE", f"{literal(REGION_DIR + '/')} + c.name + '.cache'"
-        ),
-        _entry("CUDA_TASK_PRIORITY", _priority(policy)),
-    )
-    parts.append("[" + ", ".join(fixed) + "]")
+    # No CUDA_DEVICE_MEMORY_SHARED_CACHE: the device plugin's own value stands.
+    parts.append(f"[{_entry('CUDA_TASK_PRIORITY', _priority(policy))}]")
     return " + ".join(parts)
 
 
@@ -633,9 +630,15 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
     # longer one) is never evaluated.
     nvidia = (
         f"({containers}).exists(c, has(c.env) && "
-        "c.env.exists(e, e.name == 'CUDA_VERSION' || e.name.startsWith('NVIDIA_'))) && "
-        f"!({gpu})"
+        "c.env.exists(e, e.name == 'CUDA_VERSION' || e.name.startsWith('NVIDIA_')))"
     )
+    if policy.gpu_runtime_classes:
+        # mutation.needs_void: under a GPU runtime class every container without a GPU.
+        runtime = f"has(({spec_of}).runtimeClassName) && " + (
+            f"({spec_of}).runtimeClassName in {_list(sorted(policy.gpu_runtime_classes))}"
+        )
+        nvidia = f"({runtime}) || {nvidia}"
+    nvidia = f"({nvidia}) && !({gpu})"
     patch = _by_mode(
         {
             "vgpu": f"(variables.library ? {_removals(policy, 'vgpu')} : [])",
@@ -666,7 +669,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         "matchConstraints": constraints,
         "matchConditions": [
             *exemptions,
-            {"name": "gpushare.io/names-nvidia-env", "expression": nvidia},
+            {"name": "gpushare.io/needs-void", "expression": nvidia},
         ],
         "reinvocationPolicy": "IfNeeded",
         "variables": [v for v in shared if v["name"] in ("spec", "voided")],

@@ -22,6 +22,8 @@ condition that catches it:
   GPU device classes (counted as a GPU request above). ConfigMaps, Secrets and DRA
   objects are judged by the ValidatingAdmissionPolicies (:mod:`webhook.install.celpolicy`),
   not sent to the webhooks.
+- the void and host-device-access under a GPU runtime class (any pod): a
+  ``runtimeClassName`` of the policy's ``runtimeClasses.gpu``.
 - host namespaces, CAP_SYS_ADMIN, claims beside sharing resources (judged by the claim's
   device class, with the cluster view): only in GPU pods, which are sent already.
 - host-device-access (any pod): any hostPath volume (the protected paths are compared
@@ -180,14 +182,19 @@ def _every_container(spec: str) -> str:
 
 
 def _spec_test(policy: Policy, spec: str) -> str:
-    """Pod spec ``spec`` has a relevant container of any kind or a relevant volume."""
-    return _any(
-        [
-            f"({_every_container(spec)}).exists(c, {_container_test(policy, 'c')})",
-            f"has({spec}.volumes) && {spec}.volumes.exists(v, has(v.hostPath) || "
-            f"(has(v.name) && v.name in {_list(INJECTED_VOLUMES)}))",
-        ]
-    )
+    """Pod spec ``spec`` has a relevant container of any kind or a relevant volume, or
+    runs under one of the policy's GPU runtime classes."""
+    terms = [
+        f"({_every_container(spec)}).exists(c, {_container_test(policy, 'c')})",
+        f"has({spec}.volumes) && {spec}.volumes.exists(v, has(v.hostPath) || "
+        f"(has(v.name) && v.name in {_list(INJECTED_VOLUMES)}))",
+    ]
+    if policy.gpu_runtime_classes:
+        terms.append(
+            f"has({spec}.runtimeClassName) && "
+            f"{spec}.runtimeClassName in {_list(sorted(policy.gpu_runtime_classes))}"
+        )
+    return _any(terms)
 
 
 def _annotation_test(policy: Policy, metadata: str) -> str:
