@@ -91,6 +91,8 @@ def test_a_slice_made_a_legacy_image_by_its_env_is_refused() -> None:
     required = in_slice(env("CUDA_VERSION", "12.4"), env("NVIDIA_REQUIRE_CUDA", "cuda>=12.4"))
     assert review(required)["allowed"]
     assert review(in_whole(env("CUDA_VERSION", "12.4")))["allowed"]
+    # Without its own NVIDIA_REQUIRE_CUDA the image's decides, which admission cannot see.
+    assert review(in_slice(env("CUDA_VERSION", "12.4")))["allowed"]
 
 
 @pytest.mark.parametrize("value", ["graphics", "compute,display", "all", "compute,utility,ngx"])

@@ -413,6 +413,14 @@ def _mount_findings(
     return found
 
 
+def _sets(container: Mapping[str, Any], name: str) -> bool:
+    """Some env entry of ``container`` is named ``name``."""
+    env = container.get("env")
+    return isinstance(env, list) and any(
+        isinstance(entry, MAPPINGS) and entry.get("name") == name for entry in env
+    )
+
+
 def _shared_host_volumes(spec: Mapping[str, Any], policy: Policy) -> frozenset[str]:
     """Names of the pod's hostPath volumes of a file every vGPU or MPS pod of the node
     shares (the library, the preload file, the MPS pipe directory), whatever the volume
@@ -486,7 +494,13 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                             "makes the NVIDIA runtime hand it every GPU; set "
                             "NVIDIA_VISIBLE_DEVICES=void or request GPUs in limits",
                         )
-                elif gpu and container_class(container, policy) == "slice":
+                elif (
+                    gpu
+                    and _sets(container, "NVIDIA_REQUIRE_CUDA")
+                    and container_class(container, policy) == "slice"
+                ):
+                    # Only where the pod's own empty NVIDIA_REQUIRE_CUDA overrides the
+                    # image's: an image's requirement cannot be seen, and modern ones set it.
                     # container_config.go: a legacy image gets every driver capability,
                     # graphics and display too, which HAMi-core does not meter.
                     yield Finding(

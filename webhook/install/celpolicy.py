@@ -795,7 +795,8 @@ def _visible_devices(policy: Policy) -> PodTest:
         # A legacy container that asks for no GPU gets every GPU; a slice, every capability.
         legacy = (
             f"{containers}.exists(c, ({_legacy('c')}) && (!({_asks_for_gpu(policy, 'c')}) || "
-            f"({gpu} && ({slice_test(policy, 'c')}))))"
+            f"({gpu} && has(c.env) && c.env.exists(e, has(e.name) && "
+            f"e.name == 'NVIDIA_REQUIRE_CUDA') && ({slice_test(policy, 'c')}))))"
         )
         prefixes = (
             f"{containers}.exists(c, has(c.envFrom) && c.envFrom.exists(s, has(s.prefix) && "
