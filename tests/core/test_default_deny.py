@@ -628,3 +628,41 @@ def test_a_claim_without_a_gpu_driver_config_is_admitted(control: str) -> None:
 
 def test_the_namespace_rule_still_holds_beside_the_config_rule() -> None:
     assert_refused(judge(claim([], namespace="ml"), DEFAULT_POLICY), "gpu-claim")
+
+
+def test_a_read_path_the_injection_declares_is_the_mutations(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """What the mutation injects at a read path (a read-only mount over /overrideEnv, say)
+    is judged by ``Injection``, not by a list of its own: admitted as injected, refused
+    spelled apart or writable."""
+    import dataclasses
+
+    from webhook.core import decision, injection
+
+    def with_override(mode: Any, policy: Policy) -> injection.Injection:
+        base = injection.injection_for(mode, policy)
+        if mode != "vgpu":
+            return base
+        return dataclasses.replace(
+            base,
+            volumes=(*base.volumes, {"name": "gpushare-override-env", "emptyDir": {}}),
+            mounts=(
+                *base.mounts,
+                {"name": "gpushare-override-env", "mountPath": "/overrideEnv", "readOnly": True},
+            ),
+        )
+
+    monkeypatch.setattr(decision, "injection_for", with_override)
+    entry = review(pod(gpu()))
+    assert_clean(entry)
+    mounts = entry["object"]["spec"]["containers"][0]["volumeMounts"]
+    assert {
+        "name": "gpushare-override-env",
+        "mountPath": "/overrideEnv",
+        "readOnly": True,
+    } in mounts
+    writable = pod(
+        gpu(), container("side", mounts=[mount("gpushare-override-env", "/overrideEnv")])
+    )
+    assert_refused(review(writable), "host-device-access")
