@@ -160,6 +160,9 @@ class ReadPaths(NamedTuple):
     # What a mountPath must contain to clean to one of them or below (normpath never
     # creates a component): the roots' last components, and the device-request mark.
     marks: tuple[str, ...]
+    # The marks as one pattern: one search per mount, not one per mark (every mount of
+    # every pod goes through it).
+    pattern: re.Pattern[str]
 
 
 @functools.cache
@@ -167,7 +170,8 @@ def _read_paths(lock: str, pipe: str, extra: tuple[str, ...]) -> ReadPaths:
     roots = tuple(dict.fromkeys((*READ_PATHS, normalised(lock), normalised(pipe), *extra)))
     marks = {posixpath.basename(root) for root in roots if root != "/"}
     marks.add("nvidia-container-devices")
-    return ReadPaths(roots, tuple(sorted(marks)))
+    ordered = tuple(sorted(marks))
+    return ReadPaths(roots, ordered, re.compile("|".join(map(re.escape, ordered))))
 
 
 def read_paths(policy: Policy) -> ReadPaths:
@@ -355,7 +359,7 @@ def variable_findings(
 
 def _shadowed(target: str, reads: ReadPaths) -> str | None:
     """What the GPU stack reads that a mount at ``target`` shadows, or None."""
-    if not any(mark in target for mark in reads.marks):
+    if reads.pattern.search(target) is None:
         return None
     path = normalised(target)
     if target.startswith(_DEVICE_REQUEST_DIRS) or path.startswith(_DEVICE_REQUEST_DIRS):
