@@ -358,9 +358,8 @@ def variable_findings(
 
 
 def _shadowed(target: str, reads: ReadPaths) -> str | None:
-    """What the GPU stack reads that a mount at ``target`` shadows, or None."""
-    if reads.pattern.search(target) is None:
-        return None
+    """What the GPU stack reads that a mount at ``target`` (which holds one of the
+    marks) shadows, or None."""
     path = normalised(target)
     if target.startswith(_DEVICE_REQUEST_DIRS) or path.startswith(_DEVICE_REQUEST_DIRS):
         return "device-request"
@@ -406,11 +405,16 @@ def _mount_findings(
     # A list, not a generator: it runs for every container and nearly always finds nothing.
     found: list[Finding] = []
     read_only = subject.injection.read_only_volumes
+    marked = reads.pattern.search
     for mount in mounts:
         if not isinstance(mount, MAPPINGS):
             continue
         target = mount.get("mountPath")
-        shadowed = _shadowed(target, reads) if isinstance(target, str) else None
+        shadowed = (
+            _shadowed(target, reads)
+            if isinstance(target, str) and marked(target) is not None
+            else None
+        )
         if shadowed == "device-request":
             found.append(
                 Finding(
@@ -513,6 +517,13 @@ CDI_MARK: Final = "cdi.k8s.io/"
 CRIO_DEVICE_KEYS: Final = ("devices.crio.io", "io.kubernetes.cri-o.Devices")
 
 
+@functools.cache
+def _runtime_keys(prefixes: tuple[str, ...]) -> re.Pattern[str]:
+    """Keys :func:`_cdi_findings` judges, as one pattern: one search per annotation."""
+    starts = "|".join(re.escape(p) for p in (*CRIO_DEVICE_KEYS, *prefixes))
+    return re.compile(f"{re.escape(CDI_MARK)}|^(?:{starts})")
+
+
 def unlisted_devices(value: str, allowed: frozenset[str]) -> list[str]:
     """The entries of a CRI-O devices annotation ``value`` that name a host device off
     ``allowed``, as CRI-O parses it: ``$SRC[:$DST[:$MODE]]`` entries, comma-separated,
@@ -528,9 +539,12 @@ def _cdi_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     """The annotations runtimes copy into the OCI spec that ask for devices: any CDI key,
     CRI-O's devices off the policy's list, and the policy's refused prefixes."""
     annotations = as_mapping(as_mapping(subject.view.metadata).get("annotations"))
+    if not annotations:
+        return
     prefixes = policy.refused_annotation_prefixes
+    marked = _runtime_keys(prefixes).search
     for key, value in annotations.items():
-        if not isinstance(key, str):
+        if not isinstance(key, str) or marked(key) is None:
             continue
         if CDI_MARK in key:
             yield Finding(
