@@ -132,6 +132,8 @@ STACK_FILE_PREFIXES: Final = (
 # a mount's destination and matches its root as a string prefix (internal/config/image/
 # cuda_image.go, requestsFromMounts), so .../nvidia-container-devicesall asks for "all".
 _DEVICE_REQUEST_DIRS: Final = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
+# In every spelling of a path those roots start (cleaned or not).
+DEVICE_REQUEST_MARK: Final = "nvidia-container-devices"
 # Paths inside the container that a node component reads (cleaned), besides the lock and
 # MPS pipe directories of the policy and its containerPaths.protected: a pod mount at one
 # or below one shadows what the device plugin or the mutation put there. HAMi's device
@@ -157,21 +159,23 @@ class ReadPaths(NamedTuple):
     """Where a pod mount shadows the GPU stack under one policy."""
 
     roots: tuple[str, ...]
-    # What a mountPath must contain to clean to one of them or below (normpath never
-    # creates a component): the roots' last components, and the device-request mark.
-    marks: tuple[str, ...]
-    # The marks as one pattern: one search per mount, not one per mark (every mount of
-    # every pod goes through it).
-    pattern: re.Pattern[str]
+    # A mountPath cleans to one of them or below only if one of its "/"-separated parts
+    # is a root's last component (normpath never creates or changes a component): a set
+    # test of the split path, two C calls a mount (a pattern of the names costs ~3,000
+    # instructions a search, a pod's worth ~10% of a /mutate).
+    names: frozenset[str]
 
 
 @functools.cache
 def _read_paths(lock: str, pipe: str, extra: tuple[str, ...]) -> ReadPaths:
     roots = tuple(dict.fromkeys((*READ_PATHS, normalised(lock), normalised(pipe), *extra)))
-    marks = {posixpath.basename(root) for root in roots if root != "/"}
-    marks.add("nvidia-container-devices")
-    ordered = tuple(sorted(marks))
-    return ReadPaths(roots, ordered, re.compile("|".join(map(re.escape, ordered))))
+    return ReadPaths(roots, frozenset(posixpath.basename(root) for root in roots))
+
+
+def mount_marks(policy: Policy) -> list[str]:
+    """What a mountPath must contain for :func:`_mount_findings` to look at it: the read
+    paths' last components and the toolkit's device-request mark (the scope sends those)."""
+    return sorted({*read_paths(policy).names, DEVICE_REQUEST_MARK} - {""})
 
 
 def read_paths(policy: Policy) -> ReadPaths:
@@ -358,8 +362,8 @@ def variable_findings(
 
 
 def _shadowed(target: str, reads: ReadPaths) -> str | None:
-    """What the GPU stack reads that a mount at ``target`` (which holds one of the
-    marks) shadows, or None."""
+    """What the GPU stack reads that a mount at ``target`` (which holds a read path's
+    last component or the device-request mark) shadows, or None."""
     path = normalised(target)
     if target.startswith(_DEVICE_REQUEST_DIRS) or path.startswith(_DEVICE_REQUEST_DIRS):
         return "device-request"
@@ -405,14 +409,15 @@ def _mount_findings(
     # A list, not a generator: it runs for every container and nearly always finds nothing.
     found: list[Finding] = []
     read_only = subject.injection.read_only_volumes
-    marked = reads.pattern.search
+    names = reads.names
     for mount in mounts:
         if not isinstance(mount, MAPPINGS):
             continue
         target = mount.get("mountPath")
         shadowed = (
             _shadowed(target, reads)
-            if isinstance(target, str) and marked(target) is not None
+            if isinstance(target, str)
+            and (DEVICE_REQUEST_MARK in target or not names.isdisjoint(target.split("/")))
             else None
         )
         if shadowed == "device-request":
@@ -517,13 +522,6 @@ CDI_MARK: Final = "cdi.k8s.io/"
 CRIO_DEVICE_KEYS: Final = ("devices.crio.io", "io.kubernetes.cri-o.Devices")
 
 
-@functools.cache
-def _runtime_keys(prefixes: tuple[str, ...]) -> re.Pattern[str]:
-    """Keys :func:`_cdi_findings` judges, as one pattern: one search per annotation."""
-    starts = "|".join(re.escape(p) for p in (*CRIO_DEVICE_KEYS, *prefixes))
-    return re.compile(f"{re.escape(CDI_MARK)}|^(?:{starts})")
-
-
 def unlisted_devices(value: str, allowed: frozenset[str]) -> list[str]:
     """The entries of a CRI-O devices annotation ``value`` that name a host device off
     ``allowed``, as CRI-O parses it: ``$SRC[:$DST[:$MODE]]`` entries, comma-separated,
@@ -541,30 +539,34 @@ def _cdi_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     annotations = as_mapping(as_mapping(subject.view.metadata).get("annotations"))
     if not annotations:
         return
+    mark = CDI_MARK
     prefixes = policy.refused_annotation_prefixes
-    marked = _runtime_keys(prefixes).search
     for key, value in annotations.items():
-        if not isinstance(key, str) or marked(key) is None:
+        if not isinstance(key, str):
             continue
-        if CDI_MARK in key:
+        if mark in key:
             yield Finding(
                 "host-device-access",
                 f"annotation {key}={quoted(value)} asks the container runtime for CDI devices "
                 "(a bare name is the NVIDIA runtime's default kind); request GPUs in limits",
             )
-        elif key.startswith(CRIO_DEVICE_KEYS):
-            unlisted = unlisted_devices(str(value), policy.annotation_devices)
-            if unlisted:
-                yield Finding(
-                    "host-device-access",
-                    f"annotation {key} asks CRI-O for {quoted(','.join(unlisted))}, not in "
-                    "the policy's runtimeAnnotations.allowedDevices; request GPUs in limits",
-                )
         elif prefixes and key.startswith(prefixes):
             yield Finding(
                 "host-device-access",
                 f"annotation {key} is one the policy's runtimeAnnotations.refusedPrefixes "
                 "keeps from the container runtime; remove it",
+            )
+    # CRI-O looks its keys up exactly (GetAnnotationValue): two lookups, not a test a key.
+    for key in CRIO_DEVICE_KEYS:
+        value = annotations.get(key)
+        if value is None:
+            continue
+        unlisted = unlisted_devices(str(value), policy.annotation_devices)
+        if unlisted:
+            yield Finding(
+                "host-device-access",
+                f"annotation {key} asks CRI-O for {quoted(','.join(unlisted))}, not in "
+                "the policy's runtimeAnnotations.allowedDevices; request GPUs in limits",
             )
 
 

@@ -862,7 +862,7 @@ def _runtime_annotations(policy: Policy, annotations: str) -> str:
     a device off the policy's list (entries as ``rules.unlisted_devices`` splits them),
     a key with one of the policy's refused prefixes."""
     allowed = _list(sorted(policy.annotation_devices))
-    crio = " || ".join(f"k.startsWith({literal(key)})" for key in CRIO_DEVICE_KEYS)
+    crio = f"k in {_list(CRIO_DEVICE_KEYS)}"
     terms = [
         f"k.contains({literal(CDI_MARK)})",
         f"({crio}) && string({annotations}[k]).split(',').exists(e, e != '' && "

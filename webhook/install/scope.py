@@ -62,7 +62,7 @@ from webhook.core.injection import (
 )
 from webhook.core.policy import DEVICE_CLASS_RESOURCE, Policy
 from webhook.core.resources import CONTAINER_KINDS
-from webhook.core.rules import CDI_MARK, CRIO_DEVICE_KEYS, read_paths
+from webhook.core.rules import CDI_MARK, CRIO_DEVICE_KEYS, mount_marks
 from webhook.core.workload import KINDS_BY_PATH
 
 CONDITION_NAME: Final = "gpushare.io/gpu-relevant"
@@ -171,7 +171,7 @@ def _container_test(policy: Policy, c: str) -> str:
             # A path the GPU stack reads cleans to its root or below only if the mountPath
             # holds the root's last component (rules.read_paths).
             f"has({c}.volumeMounts) && {c}.volumeMounts.exists(m, "
-            f"(has(m.mountPath) && {_list(read_paths(policy).marks)}"
+            f"(has(m.mountPath) && {_list(mount_marks(policy))}"
             ".exists(w, m.mountPath.contains(w))) || "
             f"(has(m.name) && m.name in {_list(INJECTED_VOLUMES)}))",
         ]
