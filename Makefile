@@ -25,7 +25,9 @@ typecheck: venv
 
 # kube-apiserver and etcd for tests/e2e (and kube-apiserver 1.30, 1.34 and 1.37 for its
 # version matrix, tests/e2e/test_versions.py), Helm 4 and 3 for the chart's tests and promtool for
-# its alerting rules, built from Go modules and cached (seconds when cached); the image's wheel with the compiled core
+# its alerting rules, the loopback node's kubelet, kube-scheduler, containerd, runc and NVIDIA
+# runtime for tests/nodeharness (hack/build-nodebin; runc needs libseccomp-dev), built from Go
+# modules and cached (seconds when cached); the image's wheel with the compiled core
 # for tests/core/test_native.py (hack/build-native, a C compiler, about a minute after
 # an edit). Without Go or a compiler those tests say they are skipped; in CI they fail.
 unit: venv
@@ -36,6 +38,7 @@ unit: venv
 	GPUSHARE_HELM="$$(command -v go >/dev/null && hack/build-helm | tail -1)" \
 	GPUSHARE_HELM3="$$(command -v go >/dev/null && hack/build-helm 3 | tail -1)" \
 	GPUSHARE_PROMTOOL="$$(command -v go >/dev/null && hack/build-promtool | tail -1)" \
+	GPUSHARE_NODEBIN="$$(command -v go >/dev/null && hack/build-nodebin | tail -1)" \
 	GPUSHARE_NATIVE="$$(command -v cc >/dev/null && PYTHON=$(BIN)/python hack/build-native | tail -1)" \
 	$(BIN)/pytest
 

@@ -24,7 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import yaml
 
@@ -87,12 +87,45 @@ SETTINGS: dict[str, tuple[bool, bool, bool, bool]] = {
     "mutating+cel": (True, False, True, False),
     # The 1.36+ install: the mutation and the rules inside the apiserver, no webhook.
     "map+cel": (False, False, True, True),
+    # ... plus a fail-open MutatingAdmissionPolicy that voids every container of every
+    # pod that asks for no GPU (for nodes whose default runtime is the NVIDIA runtime).
+    "map+cel+void-all": (False, False, True, True),
 }
+VOID_ALL: Final = "gpushare-void-all"
 
 
-def _set_mutating_policies(cluster: DevCluster, api: Any, wanted: bool) -> None:
+def void_all_policies(policy_file: Path) -> list[dict[str, Any]]:
+    """The install's gpushare-void policy and binding, sent every pod that asks for no
+    GPU (the gpushare-mutate policy's GPU condition negated) instead of those naming
+    NVIDIA env or a GPU runtime class."""
+    from webhook.install.manifests import mutating_policies
+    from webhook.install.mutatingpolicy import MUTATE, VOID_POLICY
+    from webhook.policies import load_policy
+
+    objects = mutating_policies(load_policy(policy_file))
+    (mutate,) = [o for o in objects if o["metadata"]["name"] == MUTATE and "mutations" in o["spec"]]
+    (gpu,) = [c for c in mutate["spec"]["matchConditions"] if c["name"] == "gpushare.io/gpu"]
+    chosen = []
+    for obj in objects:
+        if obj["metadata"]["name"] != VOID_POLICY:
+            continue
+        obj = copy.deepcopy(obj)
+        obj["metadata"]["name"] = VOID_ALL
+        if "policyName" in obj["spec"]:
+            obj["spec"]["policyName"] = VOID_ALL
+        else:
+            conditions = obj["spec"]["matchConditions"]
+            conditions[-1] = {"name": "gpushare.io/no-gpu", "expression": f"!({gpu['expression']})"}
+        chosen.append(obj)
+    return chosen
+
+
+def _set_mutating_policies(
+    cluster: DevCluster, api: Any, wanted: bool, *, void_all: bool = False
+) -> None:
     """Delete every MutatingAdmissionPolicy (bindings first), then create those of the
-    policy file the dev cluster serves (the default one) when ``wanted``."""
+    policy file the dev cluster serves (the default one) when ``wanted``, and with
+    ``void_all`` :func:`void_all_policies` beside them."""
     for list_, delete in (
         (api.list_mutating_admission_policy_binding, api.delete_mutating_admission_policy_binding),
         (api.list_mutating_admission_policy, api.delete_mutating_admission_policy),
@@ -101,6 +134,12 @@ def _set_mutating_policies(cluster: DevCluster, api: Any, wanted: bool) -> None:
             delete(item["metadata"]["name"])
     if wanted:
         cluster.register_mutating_policies()
+    if void_all:
+        for obj in void_all_policies(cluster.policy):
+            if obj["kind"] == "MutatingAdmissionPolicy":
+                api.create_mutating_admission_policy(obj)
+            else:
+                api.create_mutating_admission_policy_binding(obj)
 
 
 def _at(revision: str, path: str) -> list[dict[str, Any]]:
@@ -138,7 +177,7 @@ def _apply(cluster: DevCluster, setting: str, baselines: dict[str, Any]) -> None
     name, _, revision = setting.partition("@")
     mutating, validating, cel, in_apiserver = SETTINGS[name]
     api: Any = client.AdmissionregistrationV1Api(cluster.api_client())
-    _set_mutating_policies(cluster, api, in_apiserver)
+    _set_mutating_policies(cluster, api, in_apiserver, void_all=name == "map+cel+void-all")
     cluster.unregister_webhooks()
     if mutating:
         cluster.register_webhooks()

@@ -9,6 +9,7 @@ ROOT: Final = Path(__file__).resolve().parent.parent
 MANIFESTS: Final = ROOT / "tests" / "manifests"
 EXAMPLES: Final = ROOT / "policies" / "examples"
 DOCS: Final = ROOT / "docs"
+DEFAULT_POLICY_FILE: Final = ROOT / "webhook" / "policies" / "default.yaml"
 
 
 def documentation_pages() -> list[Path]:

@@ -220,6 +220,22 @@ _ENV_VALUES: Final[Mapping[str, Sequence[str]]] = {
     "OOM": ("false",),
 }
 ENV_NAMES: Final = tuple(_ENV_VALUES)
+# The env channel's other names (env.allowed decides them by name, value and class):
+# drawn by attackers only, so that well-formed pods stay what they were.
+_CHANNEL_VALUES: Final[Mapping[str, Sequence[str]]] = {
+    "NVIDIA_DRIVER_CAPABILITIES": ("compute,utility", " video", "graphics", "all", "compute,,"),
+    "NVIDIA_GDS": ("enabled", "disabled"),
+    "NVIDIA_IMEX_CHANNELS": ("0", "all", "channelall"),
+    "NVIDIA_REQUIRE_JETPACK": ("csv-mounts=all",),
+    "NVIDIA_REQUIRE_CUDA": ("cuda>=12.0",),
+    "NVIDIA_API_KEY": ("nvapi-x",),
+    "NVIDIA_MIG_CONFIG_DEVICES": ("all",),
+    "DOCKER_RESOURCE_GPU": ("0",),
+    "RECORD_KERNEL_INTERVAL": ("1000",),
+    "LIBCUDA_LOG_LEVEL": ("4",),
+    "CUDA_MPS_CLIENT_PRIORITY": ("0", "1", "2"),
+    "CUDA_MPS_LOG_DIRECTORY": ("/tmp",),
+}
 # Names drawn more often: the ones the webhook reads, writes or forbids.
 _WEIGHTED_NAMES: Final = (
     *ENV_NAMES,
@@ -319,7 +335,6 @@ INJECTED_VOLUMES: Final[tuple[Obj, ...]] = (
         "name": "gpushare-vgpu-lock",
         "hostPath": {"path": "/tmp/vgpulock", "type": "DirectoryOrCreate"},
     },
-    {"name": "gpushare-vgpu-cache", "emptyDir": {}},
     {
         "name": "gpushare-mps-pipe",
         "hostPath": {"path": "/tmp/nvidia-mps", "type": "DirectoryOrCreate"},
@@ -328,7 +343,6 @@ INJECTED_VOLUMES: Final[tuple[Obj, ...]] = (
 INJECTED_NAMES: Final = (
     "gpushare-vgpu-lib",
     "gpushare-vgpu-lock",
-    "gpushare-vgpu-cache",
     "gpushare-vgpu-preload",
     "gpushare-mps-pipe",
 )
@@ -338,7 +352,6 @@ MOUNT_PATHS: Final = (
     "/dev/shm",
     "/usr/local/vgpu/libvgpu.so",
     "/tmp/vgpulock",
-    "/usr/local/vgpu/cache",
     "/etc/ld.so.preload",
     "/tmp/nvidia-mps",
     "/var/run/nvidia-container-devices/all",
@@ -854,6 +867,7 @@ _ATTACK_ENV: Final = (
     *["CUDA_REDIRECT"] * 2,
     *["ACTIVE_OOM_KILLER"] * 2,
     "NVIDIA_VISIBLE_DEVICES",
+    *_CHANNEL_VALUES,
     "GPUS",
     "OFF",
     "P",
@@ -872,7 +886,8 @@ def attack_env(draw: st.DrawFn) -> list[Obj]:
         if draw(st.integers(0, 7)) == 0:
             entries.append({"name": name, "valueFrom": draw(st.sampled_from(VALUE_FROM))})
             continue
-        values = [*_ENV_VALUES[name], *(f"$({n})" for n in _REFERENCED), "$$(OFF)"]
+        known = _ENV_VALUES.get(name) or _CHANNEL_VALUES[name]
+        values = [*known, *(f"$({n})" for n in _REFERENCED), "$$(OFF)"]
         entries.append({"name": name, "value": draw(st.sampled_from(values))})
     return entries
 
@@ -1079,8 +1094,8 @@ def debuggers(draw: st.DrawFn) -> Obj:
     elif what == "injected-mount":
         container["volumeMounts"] = [draw(injected_mounts())]
     elif what == "device-request":
-        # The pod's own volumes: the cache emptyDir the mutation adds, or the tenant's.
-        volume = draw(st.sampled_from(["gpushare-vgpu-cache", *_VOLUME_NAMES]))
+        # The pod's own volumes: the lock directory the mutation adds, or the tenant's.
+        volume = draw(st.sampled_from(["gpushare-vgpu-lock", *_VOLUME_NAMES]))
         container["volumeMounts"] = [{"name": volume, "mountPath": draw(device_request_paths())}]
     return container
 

@@ -37,7 +37,6 @@ GPU_LIMITS: Final[Mapping[str, str]] = {
 LIBRARY: Final = "/usr/local/vgpu/libvgpu.so"
 VOLUME_LIBRARY: Final = "gpushare-vgpu-lib"
 VOLUME_LOCK: Final = "gpushare-vgpu-lock"
-VOLUME_CACHE: Final = "gpushare-vgpu-cache"
 VOLUME_PRELOAD: Final = "gpushare-vgpu-preload"
 VOLUME_MPS_PIPE: Final = "gpushare-mps-pipe"
 MPS: Final[Mapping[str, str]] = {"gpushare.io/mode": "mps"}
@@ -844,7 +843,7 @@ def test_ephemeral_container_mounting_under_the_device_request_directory_is_refu
     # kubectl debug --custom: the debugger mounts a volume the pod already has.
     main = gpu() if gpu_pod else container("app", mounts=[mount("scratch", "/scratch")])
     old = stored(pod(main, volumes=[{"name": "scratch", "emptyDir": {}}]))
-    volume = VOLUME_CACHE if gpu_pod else "scratch"
+    volume = VOLUME_LOCK if gpu_pod else "scratch"
     debugger = container(
         "debugger", mounts=[mount(volume, "/var/run/nvidia-container-devices/all")]
     )

@@ -24,7 +24,6 @@ import pytest
 
 from tests.core.test_bypass import (
     MPS,
-    VOLUME_CACHE,
     VOLUME_LIBRARY,
     VOLUME_LOCK,
     annotated,
@@ -239,9 +238,12 @@ SPOOFS: Final[Mapping[str, Any]] = {
         ),
         file_preload(),
     ),
-    # The injected cache volume spelled into HAMi's directory at another path.
-    "cache-volume-elsewhere-below-vgpu": lambda: (
-        pod(gpu(mounts=[mount(VOLUME_CACHE, "/usr/local/vgpu/other")])),
+    # The injected library mounted into HAMi's directory at another path.
+    "library-volume-elsewhere-below-vgpu": lambda: (
+        pod(
+            gpu(),
+            container("s", mounts=[mount(VOLUME_LIBRARY, "/usr/local/vgpu/x.so", read_only=True)]),
+        ),
         None,
     ),
     # The injected lock volume mounted read-only: HAMi-core cannot take its lock, and the

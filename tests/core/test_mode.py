@@ -1,4 +1,4 @@
-"""Choosing a pod's mode (webhook.core.mode): HAMi's and Volcano's dynamic MIG."""
+"""Choosing a pod's mode (webhook.core.mode): HAMi's and Volcano's dynamic MIG, HAMi's mps placement."""
 
 from __future__ import annotations
 
@@ -92,3 +92,60 @@ def test_the_policy_names_the_dynamic_mig_annotations() -> None:
     policy = policy_with("  modes:\n    dynamicMigAnnotations: []\n")
     pod = dynamic({"nvidia.com/gpumem": "3000"})
     assert rules_of(review_object(pod, policy)) == {"mode-conflict"}
+
+
+# -- an mps pod HAMi's scheduler places by the card's mode ------------------------------
+
+
+def mps_pod(key: str, **spec: Any) -> dict[str, Any]:
+    pod = gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}, **spec)
+    pod["metadata"]["annotations"] = {key: "mps"}
+    return pod
+
+
+def test_hamis_mps_annotation_gets_no_ack_node_selector() -> None:
+    """HAMi's scheduler puts a nvidia.com/vgpu-mode: mps pod on a card in MPS mode: ACK's
+    node label would keep it off every HAMi node."""
+    entry = review_object(mps_pod("nvidia.com/vgpu-mode"), DEFAULT_POLICY)
+    assert entry["allowed"], entry["violations"]
+    assert entry["mode"] == "mps"
+    spec = entry["object"]["spec"]
+    assert spec["hostIPC"] is True and spec["schedulerName"] == "hami-scheduler"
+    assert "nodeSelector" not in spec
+    # Idempotent, and not refused as unmutated for the selector it does not get.
+    again = decide(
+        entry["object"], Request(kind="Pod", namespace="ml"), DEFAULT_POLICY, phase="validate"
+    )
+    assert again.allowed and again.patch == [], again.violations
+
+
+def test_our_own_mps_annotation_keeps_the_policys_node_selector() -> None:
+    entry = review_object(mps_pod("gpushare.io/mode"), DEFAULT_POLICY)
+    assert entry["allowed"], entry["violations"]
+    assert entry["object"]["spec"]["nodeSelector"] == {"ack.node.gpu.schedule": "mps"}
+    # ... and still refuses a selector that contradicts it.
+    pod = mps_pod("gpushare.io/mode", nodeSelector={"ack.node.gpu.schedule": "cgpu"})
+    assert rules_of(review_object(pod, DEFAULT_POLICY)) == {"mode-conflict"}
+
+
+def test_a_placed_mps_pod_is_judged_by_its_own_selector_alone() -> None:
+    pod = mps_pod("nvidia.com/vgpu-mode", nodeSelector={"ack.node.gpu.schedule": "cgpu"})
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["allowed"], entry["violations"]
+    assert entry["object"]["spec"]["nodeSelector"] == {"ack.node.gpu.schedule": "cgpu"}
+
+
+def test_hamis_annotation_places_the_pod_beside_ours() -> None:
+    """HAMi's scheduler reads its annotation whatever gpushare.io/mode says (the mutation
+    writes ours beside it)."""
+    pod = mps_pod("nvidia.com/vgpu-mode")
+    pod["metadata"]["annotations"] = {"gpushare.io/mode": "mps", "nvidia.com/vgpu-mode": "mps"}
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["allowed"], entry["violations"]
+    assert "nodeSelector" not in entry["object"]["spec"]
+
+
+def test_the_policy_names_the_annotations_whose_scheduler_places_mps_pods() -> None:
+    policy = policy_with("  mps:\n    placedByAnnotations: []\n")
+    entry = review_object(mps_pod("nvidia.com/vgpu-mode"), policy)
+    assert entry["object"]["spec"]["nodeSelector"] == {"ack.node.gpu.schedule": "mps"}

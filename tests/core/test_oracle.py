@@ -102,7 +102,6 @@ INJECTED_VOLUME_NAMES: Final = frozenset(
     {
         "gpushare-vgpu-lib",
         "gpushare-vgpu-lock",
-        "gpushare-vgpu-cache",
         "gpushare-vgpu-preload",
         "gpushare-mps-pipe",
     }

@@ -346,7 +346,7 @@ DEBUG_ATTACKS: Final[dict[str, tuple[list[str], Obj | None, str]]] = {
         {
             "volumeMounts": [
                 {
-                    "name": "gpushare-vgpu-cache",
+                    "name": "gpushare-vgpu-lock",
                     "mountPath": "/var/run/nvidia-container-devices/all",
                 }
             ]
@@ -358,7 +358,7 @@ DEBUG_ATTACKS: Final[dict[str, tuple[list[str], Obj | None, str]]] = {
         {
             "volumeMounts": [
                 {
-                    "name": "gpushare-vgpu-cache",
+                    "name": "gpushare-vgpu-lock",
                     "mountPath": "/var/run/../run/nvidia-container-devices/all",
                 }
             ]

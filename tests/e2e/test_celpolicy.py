@@ -88,6 +88,9 @@ def cel_cluster(bin_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
     policy.write_text((ROOT / "policies" / "default.yaml").read_text())
     with running(bin_dir=bin_dir, policy=policy, workdir=workdir) as cluster:
         cluster.unregister_webhooks()
+        node: Any = client.NodeV1Api(cluster.api_client())
+        for name in (*sorted(POLICY.gpu_runtime_classes), "kata"):
+            node.create_runtime_class({"metadata": {"name": name}, "handler": name})
         admission: Any = client.AdmissionregistrationV1Api(cluster.api_client())
         assert not admission.list_validating_webhook_configuration().items
         assert not admission.list_mutating_webhook_configuration().items
@@ -208,10 +211,12 @@ def core_denials(obj: Any, namespace: str, policy: Policy = POLICY, **request: A
             groups=tuple(request.get("groups", ())),
         )
         validated = {v["rule"] for v in decide(obj, facts, policy, phase="validate").denials}
-        # A container the webhook would void (a legacy CUDA image) is seen by the
-        # policies as /validate sees what missed the mutation, whatever else is refused.
-        if "raw-visible-devices" in validated:
-            denied.add("raw-visible-devices")
+        # A container the webhook would void (a legacy CUDA image, one under a GPU
+        # runtime class) is seen by the policies as /validate sees what missed the
+        # mutation, whatever else is refused.
+        for rule in ("raw-visible-devices", "host-device-access"):
+            if rule in validated:
+                denied.add(rule)
         if "unmutated-gpu-pod" in validated:
             denied.add("unmutated-gpu-pod")
     return denied
@@ -358,6 +363,29 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         "limit-tampering",
     ),
     "redirect": (_pod("p", _c(env=_env(("CUDA_REDIRECT", "libcuda.so")))), "limit-tampering"),
+    # The shared region on a host path every vGPU pod shares, out of HAMi's monitor's sight.
+    "region-on-the-lock-dir": (
+        _pod("p", _c(env=_env(("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/tmp/vgpulock/x.cache")))),
+        "limit-tampering",
+    ),
+    "region-below-the-dir": (
+        _pod("p", _c(env=_env(("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/c/x.cache")))),
+        "limit-tampering",
+    ),
+    "priority-in-the-env": (
+        _pod("p", _c(env=_env(("CUDA_TASK_PRIORITY", "5")))),
+        "limit-tampering",
+    ),
+    "priority-resource": (
+        _pod("p", _asks({"nvidia.com/gpumem": "3000", "nvidia.com/priority": "5"})),
+        "invalid-gpu-request",
+    ),
+    # A CUDA image under the NVIDIA runtime sees every GPU without the void (the class
+    # exists in cel_cluster: the apiserver refuses a pod naming one that does not).
+    "gpu-runtime-class": (
+        _pod("p", _c(gpu=False), runtimeClassName="nvidia"),
+        "host-device-access",
+    ),
     "oom-killer-off": (
         _pod("p", _c(env=_env(("ACTIVE_OOM_KILLER", "0")))),
         "limit-tampering",
@@ -522,6 +550,51 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         _pod("p", _c(gpu=False, envFrom=[{"prefix": "NVIDIA_", "configMapRef": {"name": "e"}}])),
         "raw-visible-devices",
     ),
+    # The env channel: env.allowed decides by name, value and container class.
+    "gds-in-slice": (_pod("p", _c(env=_env(("NVIDIA_GDS", "enabled")))), "raw-visible-devices"),
+    "imex-in-plain": (
+        _pod("p", _c(gpu=False, env=_env(("NVIDIA_IMEX_CHANNELS", "0")))),
+        "raw-visible-devices",
+    ),
+    "graphics-in-slice": (
+        _pod("p", _c(env=_env(("NVIDIA_DRIVER_CAPABILITIES", "compute, graphics")))),
+        "raw-visible-devices",
+    ),
+    "capabilities-from-field": (
+        _pod("p", _c(env=_env(("NVIDIA_DRIVER_CAPABILITIES", _FIELD)))),
+        "raw-visible-devices",
+    ),
+    "imex-all-in-whole": (
+        _pod(
+            "p",
+            _c(
+                gpu=False,
+                resources={"limits": {"nvidia.com/gpu": "1"}},
+                env=_env(("NVIDIA_IMEX_CHANNELS", "channelall")),
+            ),
+        ),
+        "raw-visible-devices",
+    ),
+    "legacy-slice": (
+        _pod("p", _c(env=_env(("CUDA_VERSION", "12.4"), ("NVIDIA_REQUIRE_CUDA", "")))),
+        "raw-visible-devices",
+    ),
+    "jetpack-csv": (
+        _pod("p", _c(gpu=False, env=_env(("NVIDIA_REQUIRE_JETPACK", "csv-mounts=all")))),
+        "raw-visible-devices",
+    ),
+    "swarm-resource": (
+        _pod("p", _c(gpu=False, env=_env(("DOCKER_RESOURCE_GPU", "0")))),
+        "raw-visible-devices",
+    ),
+    "record-kernel-interval": (
+        _pod("p", _c(env=_env(("RECORD_KERNEL_INTERVAL", "1")))),
+        "limit-tampering",
+    ),
+    "mps-client-priority": (
+        _pod("p", _c(env=_env(("CUDA_MPS_CLIENT_PRIORITY", "5")))),
+        "limit-tampering",
+    ),
     "host-pid": (_pod("p", _c(), hostPID=True), "host-device-access"),
     "host-ipc-vgpu": (_pod("p", _c(), hostIPC=True), "host-device-access"),
     "sysfs-writable": (_writable_host("/sys/bus//pci"), "host-device-access"),
@@ -606,7 +679,40 @@ ADMITTED: Final[dict[str, Obj]] = {
     "plain": _pod("p", _c(gpu=False)),
     "plain-privileged": _pod("p", _c(gpu=False, securityContext={"privileged": True})),
     "plain-node-name": _pod("p", _c(gpu=False), nodeName="node-1"),
+    "whole-gpu-gates": _pod(
+        "p",
+        _c(
+            gpu=False,
+            resources={"limits": {"nvidia.com/gpu": "1"}},
+            env=_env(
+                ("NVIDIA_GDS", "enabled"),
+                ("NVIDIA_DRIVER_CAPABILITIES", "all"),
+                ("CUDA_VERSION", "12.4"),
+            ),
+        ),
+    ),
+    "workload-env": _pod(
+        "p",
+        _c(
+            gpu=False,
+            env=_env(
+                ("NVIDIA_DRIVER_CAPABILITIES", " compute,utility ,video"),
+                ("NVIDIA_REQUIRE_CUDA", "cuda>=12.4"),
+                ("NVIDIA_API_KEY", _FIELD),
+                ("CUDA_VISIBLE_DEVICES", "0"),
+                ("NVIDIA_VISIBLE_DEVICES", "void"),
+            ),
+        ),
+    ),
+    "other-runtime-class": _pod("p", _c(gpu=False), runtimeClassName="kata"),
+    "gpu-runtime-class-voided": _pod(
+        "p", _c(gpu=False, env=_env(("NVIDIA_VISIBLE_DEVICES", "void"))), runtimeClassName="nvidia"
+    ),
     "gpu": _pod("p", _c()),
+    "region-in-the-dir": _pod(
+        "p", _c(env=_env(("CUDA_DEVICE_MEMORY_SHARED_CACHE", "/usr/local/vgpu/own.cache")))
+    ),
+    "priority-high": _pod("p", _asks({"nvidia.com/gpumem": "3000", "nvidia.com/priority": "0"})),
     "gpu-settings": _pod(
         "p",
         _c(
@@ -813,6 +919,27 @@ SOURCES: Final[dict[str, tuple[str, Obj, str | None]]] = {
         _source("DeviceClass", spec={"extendedResourceName": "nvidia.com/gpu"}),
         "gpu-claim",
     ),
+    "config-map-gds": (
+        "ConfigMap",
+        _source("ConfigMap", data={"NVIDIA_GDS": "enabled"}),
+        "raw-visible-devices",
+    ),
+    "config-map-graphics": (
+        "ConfigMap",
+        _source("ConfigMap", data={"NVIDIA_DRIVER_CAPABILITIES": "graphics"}),
+        "raw-visible-devices",
+    ),
+    "secret-capabilities": (
+        "Secret",
+        _source("Secret", stringData={"NVIDIA_DRIVER_CAPABILITIES": "compute"}),
+        "raw-visible-devices",
+    ),
+    "config-map-capabilities": (
+        "ConfigMap",
+        _source("ConfigMap", data={"NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}),
+        None,
+    ),
+    "secret-api-key": ("Secret", _source("Secret", stringData={"NVIDIA_API_KEY": "x"}), None),
     "config-map-plain": ("ConfigMap", _source("ConfigMap", data={"LANG": "C"}), None),
     "secret-plain": ("Secret", _source("Secret", stringData={"TOKEN": "x"}), None),
     "claim-fpga": (
@@ -1692,3 +1819,53 @@ def test_mount_paths_with_backsteps_are_left_to_the_webhook(api: Api, ns: str) -
     assert {v["rule"] for v in entry["violations"]} == {"host-device-access"}
     sent = api.create("Pod", ns, pod)
     assert sent.status == 201, sent.body
+
+
+# The values of HAMi-core's region and priority, spelt as tenants would: each judged by
+# the CEL policies as the core judges it (injection.region_readable, resources.PRIORITIES).
+_REGIONS: Final = (
+    "/usr/local/vgpu/a.cache",
+    "/usr/local/vgpu//./b.cache",
+    "//usr/local/vgpu/c.cache",
+    "/usr/local/vgpu/cache/c.cache",
+    "/usr/local/vgpu/../vgpulock/d.cache",
+    "/usr/local/vgpu/x/../d.cache",
+    "/usr/local/vgpu/libvgpu.so.cache",
+    "/usr/local/vgpu/region",
+    "/usr/local/vgpu/.cache",
+    "/usr/local/vgpu/",
+    "/tmp/vgpulock/e.cache",
+    "usr/local/vgpu/f.cache",
+    "",
+    "$(R)",
+)
+_PRIORITIES: Final = ("0", "1", " 1", "01", "-0", "2", "-1", "1x", "", "$(P)")
+
+
+@pytest.mark.parametrize(
+    ("name", "value"),
+    [("CUDA_DEVICE_MEMORY_SHARED_CACHE", v) for v in _REGIONS]
+    + [("CUDA_TASK_PRIORITY", v) for v in _PRIORITIES]
+    + [("nvidia.com/priority", v) for v in ("0", "1", "2", "-1", "5", "999999999")],
+)
+def test_region_and_priority_are_judged_as_the_core_judges_them(
+    api: Api, ns: str, name: str, value: str
+) -> None:
+    if name.startswith("nvidia.com/"):
+        pod = _pod("p", _asks({"nvidia.com/gpumem": "3000", name: value}))
+    else:
+        pod = _pod("p", _c(env=_env((name, value))))
+    for container in ("main", "sidecar"):
+        obj = pod if container == "main" else _with_container(pod, _c("side", gpu=False))
+        if container == "sidecar" and not name.startswith("nvidia.com/"):
+            obj = _pod("p", _c(), _c("side", gpu=False, env=_env((name, value))))
+        mutated = _mutation_of(obj, POLICY, namespace=ns)
+        want = core_denials(mutated, ns)
+        sent = api.create("Pod", ns, mutated)
+        if sent.status == 422:
+            # The apiserver's own validation (a negative quantity) refuses it first.
+            assert want, (name, value)
+            continue
+        got = vap_rules(sent)
+        # A denial names the first refusing policy: compare that one.
+        assert got <= want and bool(got) == bool(want), (name, value, container, got, want)

@@ -28,6 +28,34 @@ def docs_example() -> list[str]:
     return [line.strip() for line in text.splitlines() if line.startswith(prefix)]
 
 
+def wait_until_gone(core: Any, namespace: str) -> None:
+    from kubernetes import client
+
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            core.read_namespace(namespace)
+        except client.ApiException as exc:
+            if exc.status == 404:
+                return
+            raise
+        assert time.monotonic() < deadline, f"Namespace {namespace} still there"
+        time.sleep(0.5)
+
+
+def ready_line(process: subprocess.Popen[str]) -> str:
+    assert process.stdout is not None
+    deadline = time.monotonic() + 120
+    line = ""
+    while "ready" not in line:
+        assert time.monotonic() < deadline, "no ready line"
+        readable, _, _ = select.select([process.stdout], [], [], 1)
+        if readable:
+            line = process.stdout.readline()
+        assert process.poll() is None, process.stderr.read() if process.stderr else ""
+    return line
+
+
 def test_dev_cluster_serves_until_sigterm(bin_dir: Path, tmp_path: Path) -> None:
     from kubernetes import client, config
 
@@ -46,15 +74,7 @@ def test_dev_cluster_serves_until_sigterm(bin_dir: Path, tmp_path: Path) -> None
         env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
     )
     try:
-        assert process.stdout is not None
-        deadline = time.monotonic() + 120
-        line = ""
-        while "ready" not in line:
-            assert time.monotonic() < deadline, "no ready line"
-            readable, _, _ = select.select([process.stdout], [], [], 1)
-            if readable:
-                line = process.stdout.readline()
-            assert process.poll() is None, process.stderr.read() if process.stderr else ""
+        line = ready_line(process)
         workdir = Path(re.search(r"policy (\S+)/policy\.yaml", line).group(1))  # type: ignore[union-attr]
         assert workdir.exists()
         api = config.new_client_from_config(str(kubeconfig))  # type: ignore[no-untyped-call]  # untyped upstream
@@ -89,13 +109,19 @@ def test_dev_cluster_serves_until_sigterm(bin_dir: Path, tmp_path: Path) -> None
         assert {p.metadata.name for p in admission.list_validating_admission_policy().items} >= {
             "gpushare-deny"
         }
+        # A deleted Namespace goes, as the namespace controller would make it go.
+        core.delete_namespace("dev")
+        wait_until_gone(core, "dev")
         api.close()
-        kept = Path(re.search(r"audit (\S+) \(kept after exit\)", line).group(1))  # type: ignore[union-attr]
+        found = re.search(r"audit (\S+) and apiserver audit (\S+) \(kept after exit\)", line)
+        assert found is not None, line
+        kept = [Path(found.group(1)), Path(found.group(2))]
         process.send_signal(signal.SIGTERM)
         assert process.wait(30) == 0
         assert not workdir.exists()
-        assert kept.read_text().strip(), "the audit log is kept after exit"
-        kept.unlink()
+        for log in kept:
+            assert log.read_text().strip(), f"{log} is kept after exit"
+            log.unlink()
     finally:
         if process.poll() is None:
             process.kill()
@@ -166,3 +192,49 @@ def test_on_1_36_the_dev_cluster_holds_without_the_webhook(bin_dir: Path, tmp_pa
             core.create_namespaced_pod("dev", gpu_pod("privileged", privileged=True))
         assert refused.value.status in (400, 403, 422)
         assert "[privileged-gpu]" in str(refused.value.body)
+
+
+def test_a_bare_dev_cluster_takes_the_chart(bin_dir: Path, tmp_path: Path) -> None:
+    """--bare registers nothing, so the documented helm install owns every object (the
+    full dev cluster's own registrations made it fail on ownership); uninstalled, its
+    Namespace goes."""
+    from kubernetes import client, config
+
+    from tests.install.chart import CHART, find_helm
+
+    kubeconfig = tmp_path / "kubeconfig"
+    argv = [str(ROOT / "hack" / "dev-cluster"), "--bare", "--kubeconfig", str(kubeconfig)]
+    process = subprocess.Popen(
+        [*argv, "--bin-dir", str(bin_dir)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+    )
+    try:
+        line = ready_line(process)
+        assert "nothing installed" in line and "apiserver install" in line, line
+        command = line[line.index("helm install") :].split()
+        command[0] = find_helm(4)
+        command[3] = str(CHART)
+        installed = subprocess.run(command, capture_output=True, text=True, check=False)
+        assert installed.returncode == 0, installed.stderr
+        helm = [find_helm(4), "--kubeconfig", str(kubeconfig), "-n", "gpushare-system"]
+        removed = subprocess.run(
+            [*helm, "uninstall", "gpushare-webhook"], capture_output=True, text=True, check=False
+        )
+        assert removed.returncode == 0, removed.stderr
+        api = config.new_client_from_config(str(kubeconfig))  # type: ignore[no-untyped-call]  # untyped upstream
+        core: Any = client.CoreV1Api(api)
+        core.delete_namespace("gpushare-system")
+        wait_until_gone(core, "gpushare-system")
+        api.close()
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(30) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()

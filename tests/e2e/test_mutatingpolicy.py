@@ -80,6 +80,12 @@ def map_cluster(
     (workdir / "policy.yaml").write_text(text)
     with running(bin_dir=bin_dir, policy=workdir / "policy.yaml", workdir=workdir) as cluster:
         cluster.unregister_webhooks()
+        # The apiserver refuses a pod whose RuntimeClass does not exist.
+        from kubernetes import client
+
+        node: Any = client.NodeV1Api(cluster.api_client())
+        for name in ("nvidia", "nvidia-cdi", "kata"):
+            node.create_runtime_class({"metadata": {"name": name}, "handler": name})
         cluster.register_cel_policies()
         cluster.register_mutating_policies()
         api = Api(cluster)
@@ -204,10 +210,8 @@ _PRESET_ENV: Final[tuple[Obj, ...]] = (
     {"name": "GPU_CORE_UTILIZATION_POLICY", "value": "force"},
     {"name": "ACTIVE_OOM_KILLER", "value": "true"},
     {"name": "CUDA_TASK_PRIORITY", "value": "0"},
-    {
-        "name": "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-        "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}},
-    },
+    # A region the device plugin's monitor reads: neither mutation touches it.
+    {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/usr/local/vgpu/own.cache"},
     {"name": "MODEL", "value": "llama"},
     {"name": "MODEL", "value": "mistral"},
 )
@@ -502,3 +506,33 @@ def test_a_legacy_image_in_a_plain_pod_is_voided(map_cluster: MapCluster) -> Non
     assert created.status == 201, created.body
     env = created.body["spec"]["containers"][0]["env"]
     assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in env, env
+
+
+@pytest.mark.parametrize("runtime_class", ["nvidia", "nvidia-cdi", "kata"])
+def test_a_plain_pod_under_a_gpu_runtime_class_is_voided(
+    map_cluster: MapCluster, runtime_class: str
+) -> None:
+    """gpushare-void: under a runtime class of the policy's runtimeClasses.gpu every
+    container and init container that asks for no GPU gets NVIDIA_VISIBLE_DEVICES=void,
+    as the core's mutation gives it; under another class the pod is left alone."""
+    plain = {"name": "app", "image": "nvidia/cuda:12.4.0-base-ubuntu22.04"}
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "runtime"},
+        "spec": {
+            "runtimeClassName": runtime_class,
+            "initContainers": [{**plain, "name": "fetch"}],
+            "containers": [plain, {**plain, "name": "set", "env": [{"name": "N", "value": "1"}]}],
+        },
+    }
+    created = Api(map_cluster.cluster).create("Pod", MUTATED, pod)
+    assert created.status == 201, created.body
+    core = core_mutated("Pod", copy.deepcopy(pod), map_cluster.policy)
+    assert not core.denied
+    voided = runtime_class in map_cluster.policy.gpu_runtime_classes
+    for kind in ("initContainers", "containers"):
+        for got, want in zip(created.body["spec"][kind], core.mutated["spec"][kind], strict=True):
+            assert got.get("env", []) == want.get("env", []), (kind, got, want)
+            entry = {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}
+            assert (entry in got.get("env", [])) == voided, got

@@ -25,6 +25,7 @@ from webhook.install.celpolicy import (
     RULES,
     validating_policies,
 )
+from webhook.install.fingerprint import ANNOTATION, spec_fingerprint
 from webhook.install.reconcile import ScopeKeeper
 from webhook.install.scope import match_conditions, view_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
@@ -199,7 +200,7 @@ def test_a_new_policy_rewrites_conditions_and_cel_policies(admission: Any, as_ke
     assert any("example.com/gpu" in c["expression"] for c in wanted)
     objects = cel_objects(admission)
     # node-name-pinning turned off leaves gpushare-deny; privileged-gpu: warn moves to a
-    # new gpushare-warn, bound with [Warn].
+    # new gpushare-warn, bound with [Warn, Audit] (the apiserver's audit log keeps it).
     assert (
         set(objects[POLICY_KIND])
         == set(objects[BINDING_KIND])
@@ -213,7 +214,7 @@ def test_a_new_policy_rewrites_conditions_and_cel_policies(admission: Any, as_ke
     assert "node-name-pinning" not in denied and "privileged-gpu" not in denied
     assert "forged-allocation" in denied
     assert rules_of(objects[POLICY_KIND]["gpushare-warn"]) == ["privileged-gpu"]
-    assert objects[BINDING_KIND]["gpushare-warn"]["spec"]["validationActions"] == ["Warn"]
+    assert objects[BINDING_KIND]["gpushare-warn"]["spec"]["validationActions"] == ["Warn", "Audit"]
     assert objects[BINDING_KIND]["gpushare-deny"]["spec"]["validationActions"] == ["Deny"]
     # The deny bindings are unchanged: only what differs is written (the sources policy
     # carries the policy's exemptions as matchConditions too).
@@ -428,10 +429,14 @@ def test_serve_keeps_the_1_36_installs_mutating_policies(
             def followed() -> bool:
                 policies = mutating_objects(admission)[mutatingpolicy.POLICY_KIND]
                 mutate = policies[mutatingpolicy.MUTATE]
-                return "example.com/gpu" in str(mutate["spec"]) and conditions_of(admission) == [
-                    wanted,
-                    wanted,
-                ]
+                # Marked with the fingerprint of the file it was rendered from, as the
+                # install's own objects are (the chart checks it).
+                marked = mutate["metadata"].get("annotations", {}).get(ANNOTATION)
+                return (
+                    "example.com/gpu" in str(mutate["spec"])
+                    and marked == spec_fingerprint(CHANGED)
+                    and conditions_of(admission) == [wanted, wanted]
+                )
 
             leader.wait(followed)
         output = leader.served.output()

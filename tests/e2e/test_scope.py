@@ -471,6 +471,44 @@ def test_pod_updates_reach_the_webhook_when_they_touch_what_the_rules_read(
     assert updates["tenant-allowed"] == 0, updates
 
 
+def test_pods_under_a_gpu_runtime_class_reach_the_webhook(
+    cluster: DevCluster, api: Api, namespace: str
+) -> None:
+    """A plain pod under one of the policy's GPU runtime classes is voided by the core, so
+    the webhooks must see it, as a Pod and as a template; under another class it is
+    skipped like any plain pod."""
+    from kubernetes import client
+
+    node: Any = client.NodeV1Api(cluster.api_client())
+    present = {item.metadata.name for item in node.list_runtime_class().items}
+    for name in ("nvidia", "nvidia-cdi", "kata"):
+        if name not in present:
+            node.create_runtime_class({"metadata": {"name": name}, "handler": name})
+    sent: list[str] = []
+    skipped: list[str] = []
+    for number, runtime_class in enumerate(("nvidia", "nvidia-cdi", "kata")):
+        for kind, obj in plain_objects():
+            if kind not in ("Pod", "Deployment"):
+                continue
+            obj = copy.deepcopy(obj)
+            spec = obj["spec"] if kind == "Pod" else obj["spec"]["template"]["spec"]
+            spec["runtimeClassName"] = runtime_class
+            obj = sendable(kind, obj, f"rc{number}-{len(sent) + len(skipped)}")
+            answer = api.create(kind, namespace, obj)
+            assert answer.status == 201, (kind, answer.body)
+            acts = core_acts(obj, namespace)
+            if runtime_class == "kata":
+                assert not acts, obj
+                skipped.append(answer.name)
+            else:
+                assert acts, obj
+                sent.append(answer.name)
+    assert api.create("Pod", namespace, gpu_pod("rc-sentinel")).status == 201
+    called = admitted_names(cluster, namespace, sentinel="rc-sentinel")
+    assert set(sent) <= called, sorted(set(sent) - called)
+    assert not called & set(skipped), sorted(called & set(skipped))
+
+
 def test_webhook_down_admits_plain_objects_and_refuses_gpu_pods(
     cluster: DevCluster, api: Api, namespace: str
 ) -> None:

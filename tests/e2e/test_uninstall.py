@@ -23,7 +23,7 @@ import yaml
 
 from tests.e2e import serving
 from tests.e2e.conftest import own_control_plane
-from tests.install.chart import find_kubectl, run
+from tests.install.chart import CHART, find_helm, find_kubectl, run
 from webhook.dev.cluster import DevCluster
 from webhook.install import celpolicy, manifests, mutatingpolicy
 
@@ -333,3 +333,39 @@ def test_without_rights_it_names_what_it_could_not_delete(
         "role.rbac.authorization.k8s.io/viewer",
         "rolebinding.rbac.authorization.k8s.io/viewer",
     }
+
+
+def test_a_helm_release_is_left_to_helm_first(
+    bare: DevCluster, kubectl: str, kubeconfig: Path
+) -> None:
+    """uninstall names the release and the order, and deletes nothing; once helm
+    uninstall removed the release, it removes what Helm left (the Namespace here)."""
+    helm = find_helm(4)
+    namespace = "gpu-helm"
+    argv = [helm, "install", "gpushare-webhook", str(CHART), "-n", namespace, "--create-namespace"]
+    installed = subprocess.run(
+        [*argv, "--kubeconfig", str(kubeconfig), "--set", "admission.mode=webhooks"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert installed.returncode == 0, installed.stderr
+    for argv in (["--dry-run"], []):
+        refused = uninstall(kubeconfig, f"--namespace={namespace}", *argv)
+        assert refused.returncode == 2, refused.stdout + refused.stderr
+        assert f"helm uninstall gpushare-webhook --namespace {namespace}" in refused.stderr
+        assert (
+            "1. helm uninstall" in refused.stderr
+            and "2. gpushare-webhook uninstall" in refused.stderr
+        )
+    # Nothing was deleted.
+    kube(kubectl, kubeconfig, "-n", namespace, "get", "deployment/gpushare-webhook")
+    removed = subprocess.run(
+        [helm, "uninstall", "gpushare-webhook", "-n", namespace, "--kubeconfig", str(kubeconfig)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert removed.returncode == 0, removed.stderr
+    done = uninstall(kubeconfig, f"--namespace={namespace}")
+    assert done.returncode == 0, done.stderr

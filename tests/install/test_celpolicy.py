@@ -14,11 +14,12 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.paths import ROOT
+from tests.paths import DEFAULT_POLICY_FILE, ROOT
 from webhook.cli import main
 from webhook.core.policy import RULE_IDS
 from webhook.install import celpolicy, manifests
 from webhook.install.celpolicy import RULES, glob_regex, validating_policies
+from webhook.install.fingerprint import ANNOTATION, spec_fingerprint, stamp
 from webhook.install.scope import match_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
 
@@ -80,8 +81,13 @@ def by_kind(objects: list[manifests.Obj], kind: str) -> dict[str, manifests.Obj]
 def test_base_file_is_what_the_generator_makes() -> None:
     """deploy/base/celpolicies.yaml is generated; fix with hack/update-match-conditions."""
     text = (ROOT / "deploy" / "base" / manifests.CEL_POLICIES_FILE).read_text("utf-8")
-    assert text == manifests.cel_policies_text(DEFAULT_POLICY), "run hack/update-match-conditions"
-    assert [o for o in yaml.safe_load_all(text) if o] == validating_policies(DEFAULT_POLICY)
+    fingerprint = spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8"))
+    assert text == manifests.cel_policies_text(DEFAULT_POLICY, fingerprint=fingerprint), (
+        "run hack/update-match-conditions"
+    )
+    wanted = validating_policies(DEFAULT_POLICY)
+    stamp(wanted, fingerprint)
+    assert [o for o in yaml.safe_load_all(text) if o] == wanted
 
 
 def validations_by_rule(policy: manifests.Obj) -> dict[str, manifests.Obj]:
@@ -172,7 +178,8 @@ def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
     actions = {name: b["spec"]["validationActions"] for name, b in bindings.items()}
     assert actions == {
         "gpushare-deny": ["Deny"],
-        "gpushare-warn": ["Warn"],
+        # A warning is recorded in the apiserver's audit log too, as the webhook records it.
+        "gpushare-warn": ["Warn", "Audit"],
         "gpushare-audit": ["Audit"],
     }
     rules = {name: list(validations_by_rule(p)) for name, p in policies.items()}
@@ -183,10 +190,13 @@ def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
         for r in RULES
         if r not in ("privileged-gpu", "node-name-pinning", "raw-visible-devices", "gpu-quota")
     ]
-    # The shared parts are the same in every policy.
+    # The shared parts are the same in every policy (the warn and audit policies add the
+    # variables their per-rule audit annotations read).
     specs = [p["spec"] for p in policies.values()]
-    for key in ("matchConstraints", "matchConditions", "variables", "failurePolicy"):
+    for key in ("matchConstraints", "matchConditions", "failurePolicy"):
         assert all(spec[key] == specs[0][key] for spec in specs), key
+    shared = specs[0]["variables"]
+    assert all(spec["variables"][: len(shared)] == shared for spec in specs)
 
 
 def test_exemptions_and_writers_are_rendered() -> None:
@@ -218,13 +228,14 @@ def test_glob_regex_matches_what_fnmatch_matches(pattern: str, value: str) -> No
 def test_render_with_a_policy_and_namespace_moves_the_cel_policies() -> None:
     objects = manifests.render(policy=CUSTOM, namespace="gpu-admission")
     rendered = [o for o in objects if o["kind"] in celpolicy.KINDS]
-    assert sorted(rendered, key=identity) == sorted(
-        validating_policies(CUSTOM, namespace="gpu-admission"), key=identity
-    )
+    wanted = validating_policies(CUSTOM, namespace="gpu-admission")
+    # Marked as rendered from the policy the ConfigMap holds.
+    stamp(wanted, spec_fingerprint(manifests.policy_yaml(CUSTOM)))
+    assert sorted(rendered, key=identity) == sorted(wanted, key=identity)
     default = [o for o in manifests.render() if o["kind"] in celpolicy.KINDS]
-    assert sorted(default, key=identity) == sorted(
-        validating_policies(DEFAULT_POLICY), key=identity
-    )
+    wanted = validating_policies(DEFAULT_POLICY)
+    stamp(wanted, spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8")))
+    assert sorted(default, key=identity) == sorted(wanted, key=identity)
 
 
 def test_manifests_only_cel_prints_just_the_policies() -> None:
@@ -233,7 +244,12 @@ def test_manifests_only_cel_prints_just_the_policies() -> None:
         code = main(["manifests", "--only", "cel", "--namespace", "gpu-admission"])
     assert code == 0
     objects = [o for o in yaml.safe_load_all(out.getvalue()) if o]
-    assert objects == validating_policies(DEFAULT_POLICY, namespace="gpu-admission")
+    wanted = validating_policies(DEFAULT_POLICY, namespace="gpu-admission")
+    stamp(wanted, spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8")))
+    assert objects == wanted
+    assert {o["metadata"]["annotations"][ANNOTATION] for o in objects} == {
+        spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8"))
+    }
 
 
 def test_the_scheduler_rule_asks_the_mode_only_after_the_resources() -> None:
@@ -389,3 +405,40 @@ def test_unmutated_gpu_pod_asks_for_what_the_policys_mutation_injects() -> None:
     # percentage, which only the view turns into MiB, are never stray.
     assert "a['pct'] > 0) && n.matches('^CUDA_DEVICE_MEMORY_LIMIT_" in default
     assert "hami-scheduler" in default and "hostIPC" in default
+
+
+def test_warn_and_audit_rules_record_each_failure_in_the_apiservers_audit_log() -> None:
+    """The apiserver keeps one validation_failure annotation per request, its first: the
+    warn and audit policies also carry one auditAnnotation per rule, and a warn binding
+    audits too, so an audit-first rollout reads every rule from the apiserver's log."""
+    policy = parse_policy(
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  rules:\n"
+        "    privileged-gpu: audit\n    node-name-pinning: audit\n"
+        "    host-device-access: warn\n    raw-visible-devices: audit\n",
+        source="rollout",
+    )
+    objects = validating_policies(policy)
+    policies = by_kind(objects, "ValidatingAdmissionPolicy")
+    bindings = by_kind(objects, "ValidatingAdmissionPolicyBinding")
+    assert bindings["gpushare-warn"]["spec"]["validationActions"] == ["Warn", "Audit"]
+    assert bindings["gpushare-audit"]["spec"]["validationActions"] == ["Audit"]
+    expressions = celpolicy.rule_expressions(policy)
+    for name, rules in (
+        ("gpushare-audit", ["privileged-gpu", "node-name-pinning", "raw-visible-devices"]),
+        ("gpushare-warn", ["host-device-access"]),
+    ):
+        annotations = policies[name]["spec"]["auditAnnotations"]
+        assert [a["key"] for a in annotations] == [r for r in expressions if r in rules]
+        held = {v["name"]: v["expression"] for v in policies[name]["spec"]["variables"]}
+        for annotation in annotations:
+            rule = annotation["key"]
+            variable = celpolicy.holds_variable(rule)
+            # The rule's expression in a variable: a valueExpression holds 5120 bytes.
+            assert held[variable] == expressions[rule]
+            assert annotation["valueExpression"].startswith(f"!variables.{variable} ? ")
+            assert annotation["valueExpression"].endswith(" : ''")
+            assert f"[{rule}] " in annotation["valueExpression"]
+            assert len(annotation["valueExpression"]) <= 5120
+    assert "auditAnnotations" not in policies["gpushare-deny"]["spec"]
+    sources = policies["gpushare-audit-sources"]["spec"]["auditAnnotations"]
+    assert [a["key"] for a in sources] == ["raw-visible-devices"]

@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import tomllib
+from collections.abc import Sequence
 from contextlib import redirect_stdout
 from dataclasses import replace
 from pathlib import Path
@@ -34,14 +35,20 @@ from tests.install.chart import (
     kustomize,
     run,
     template,
+    template_text,
 )
 from tests.install.test_manifests import strings
+from tests.paths import DEFAULT_POLICY_FILE, ROOT, documentation
 from tests.paths import EXAMPLES as POLICY_EXAMPLES
-from tests.paths import ROOT, documentation
 from webhook.cli import main
 from webhook.install import celpolicy, mutatingpolicy
-from webhook.install.manifests import cel_policies_text, webhook_configurations
-from webhook.install.scope import view_conditions
+from webhook.install.fingerprint import ANNOTATION, spec_fingerprint, stamp
+from webhook.install.manifests import (
+    cel_policies_text,
+    helm_values_text,
+    webhook_configurations,
+)
+from webhook.install.scope import match_conditions, view_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
 
 DEPLOY = ROOT / "deploy"
@@ -108,7 +115,29 @@ def test_chart_policy_is_the_bundled_default() -> None:
 
 def test_chart_cel_policies_are_the_generated_ones() -> None:
     text = (CHART / "files" / "celpolicies.yaml").read_text("utf-8")
-    assert text == cel_policies_text(DEFAULT_POLICY), STALE
+    fingerprint = spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8"))
+    assert text == cel_policies_text(DEFAULT_POLICY, fingerprint=fingerprint), STALE
+
+
+@pytest.mark.parametrize(
+    ("example", "policy_file", "options"),
+    [
+        ("strict-policy-values.yaml", POLICY_EXAMPLES / "strict.yaml", {"as_spec": True}),
+        (
+            "existing-policy-configmap-values.yaml",
+            DEFAULT_POLICY_FILE,
+            {"existing_config_map": "gpushare-policy-custom"},
+        ),
+    ],
+)
+def test_policy_examples_are_generated_with_their_admission_objects(
+    example: str, policy_file: Path, options: dict[str, Any]
+) -> None:
+    text = policy_file.read_text("utf-8")
+    policy = parse_policy(text, source=str(policy_file))
+    source = str(policy_file.relative_to(ROOT))
+    wanted = helm_values_text(policy, text, source=source, **options)
+    assert (CHART / "ci" / example).read_text("utf-8") == wanted, STALE
 
 
 def test_chart_match_conditions_are_what_the_cli_prints() -> None:
@@ -299,10 +328,110 @@ def test_policy_as_a_values_block_is_the_policy_it_spells(helm: str) -> None:
     assert ours != replace(DEFAULT_POLICY, name=ours.name)
 
 
-def test_policy_as_a_file(helm: str) -> None:
+def helm_values(tmp_path: Path, policy_file: Path) -> Path:
+    """`gpushare-webhook manifests --helm-values --policy POLICY_FILE`, as a file."""
+    values = tmp_path / f"{policy_file.stem}-values.yaml"
+    values.write_text(cli("manifests", "--helm-values", "--policy", str(policy_file)))
+    return values
+
+
+def test_policy_as_a_file(helm: str, tmp_path: Path) -> None:
     strict = (POLICY_EXAMPLES / "strict.yaml").read_text("utf-8")
-    objects = template(helm, extra=["--set-file", f"policy.file={POLICY_EXAMPLES / 'strict.yaml'}"])
+    objects = template(helm, values=[helm_values(tmp_path, POLICY_EXAMPLES / "strict.yaml")])
     assert one(objects, "ConfigMap", "gpushare-policy")["data"]["policy.yaml"] == strict
+
+
+def refusal(helm: str, *, values: Sequence[Path] = (), settings: Sequence[str] = ()) -> str:
+    argv = [helm, "template", "gpushare-webhook", str(CHART), "--namespace", NAMESPACE]
+    for path in values:
+        argv += ["--values", str(path)]
+    for setting in settings:
+        argv += ["--set", setting]
+    result = run(argv)
+    assert result.returncode != 0, f"rendered: {result.stdout[:500]}"
+    return result.stderr
+
+
+MODES = [["admission.mode=webhooks"], ["admission.mode=apiserver"]]
+MODE_IDS = ["webhooks", "apiserver"]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=MODE_IDS)
+@pytest.mark.parametrize(
+    "policy",
+    [
+        ["policy.spec.vgpu.preload=file"],
+        ["policy.existingConfigMap=mine"],
+        ["policy.spec.vgpu.preload=file", "celPolicies.enabled=false"],
+        ["policy.spec.vgpu.preload=file", "clusterView.enabled=true"],
+    ],
+    ids=["spec", "existing-configmap", "spec-without-cel", "spec-with-view"],
+)
+def test_a_policy_of_your_own_with_the_default_admission_objects_is_refused(
+    helm: str, policy: list[str], mode: list[str]
+) -> None:
+    """The issue this guards: a custom policy installed with the default policy's
+    MutatingAdmissionPolicies stored GPU pods with the default's settings and refused them
+    as unmutated-gpu-pod."""
+    complaint = refusal(helm, settings=[*policy, *mode])
+    assert "the chart's default-policy copy" in complaint, complaint
+    assert "gpushare-webhook manifests --helm-values" in complaint
+
+
+def test_a_policy_file_with_the_default_admission_objects_is_refused(helm: str) -> None:
+    argv = [helm, "template", "gpushare-webhook", str(CHART), "--namespace", NAMESPACE]
+    argv += ["--set-file", f"policy.file={POLICY_EXAMPLES / 'strict.yaml'}"]
+    for mode in ("webhooks", "apiserver"):
+        result = run([*argv, "--set", f"admission.mode={mode}"])
+        assert result.returncode != 0
+        assert "rendered from another policy" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("piece", ["matchConditions", "cel", "mutating", "view"])
+def test_one_admission_object_of_another_policy_is_refused(
+    helm: str, tmp_path: Path, piece: str
+) -> None:
+    """The strict policy with one text of the volcano policy's in its values file."""
+    strict = yaml.safe_load(helm_values(tmp_path, POLICY_EXAMPLES / "strict.yaml").read_text())
+    volcano = yaml.safe_load(helm_values(tmp_path, POLICY_EXAMPLES / "volcano.yaml").read_text())
+    path = {
+        "matchConditions": ("policy", "matchConditions"),
+        "cel": ("celPolicies", "manifests"),
+        "mutating": ("mutatingPolicies", "manifests"),
+        "view": ("policy", "viewMatchConditions"),
+    }[piece]
+    strict[path[0]][path[1]] = volcano[path[0]][path[1]]
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text(yaml.safe_dump(strict))
+    mode = "webhooks" if piece == "matchConditions" else "apiserver"
+    complaint = refusal(
+        helm, values=[mixed], settings=[f"admission.mode={mode}", "clusterView.enabled=true"]
+    )
+    assert f"{path[0]}.{path[1]} was rendered from another policy" in complaint, complaint
+    # The values file itself renders in both modes.
+    good = helm_values(tmp_path, POLICY_EXAMPLES / "strict.yaml")
+    for mode in ("webhooks", "apiserver"):
+        template(helm, values=[good], settings=[f"admission.mode={mode}"])
+
+
+def test_admission_objects_without_their_policy_are_refused(helm: str, tmp_path: Path) -> None:
+    """The volcano policy's objects with the default policy in the ConfigMap."""
+    values = yaml.safe_load(helm_values(tmp_path, POLICY_EXAMPLES / "volcano.yaml").read_text())
+    del values["policy"]["file"]
+    pieces = tmp_path / "pieces.yaml"
+    pieces.write_text(yaml.safe_dump(values))
+    assert "rendered from another policy" in refusal(helm, values=[pieces])
+
+
+def test_an_unmarked_admission_object_is_refused(helm: str, tmp_path: Path) -> None:
+    """The output of an older `manifests --only cel` carries no fingerprint."""
+    values = yaml.safe_load(helm_values(tmp_path, POLICY_EXAMPLES / "volcano.yaml").read_text())
+    values["celPolicies"]["manifests"] = values["celPolicies"]["manifests"].replace(
+        ANNOTATION, "example.com/other"
+    )
+    unmarked = tmp_path / "unmarked.yaml"
+    unmarked.write_text(yaml.safe_dump(values))
+    assert "carries no policy fingerprint" in refusal(helm, values=[unmarked])
 
 
 def test_existing_policy_config_map_is_mounted_not_created(helm: str) -> None:
@@ -312,35 +441,45 @@ def test_existing_policy_config_map_is_mounted_not_created(helm: str) -> None:
     assert volumes["policy"]["configMap"]["name"] == "gpushare-policy-custom"
 
 
-def test_a_policy_of_your_own_brings_its_conditions_and_cel_policies(
-    helm: str, tmp_path: Path
+@pytest.mark.parametrize("view", [False, True], ids=["no-view", "view"])
+def test_a_policy_of_your_own_brings_every_admission_object(
+    helm: str, tmp_path: Path, view: bool
 ) -> None:
     policy_file = POLICY_EXAMPLES / "volcano.yaml"
-    policy = parse_policy(policy_file.read_text("utf-8"), source=str(policy_file))
-    conditions_file = tmp_path / "mc.yaml"
-    conditions_file.write_text(
-        cli("manifests", "--print-match-conditions", "--policy", str(policy_file))
+    text = policy_file.read_text("utf-8")
+    policy = parse_policy(text, source=str(policy_file))
+    fingerprint = spec_fingerprint(text)
+    values = helm_values(tmp_path, policy_file)
+    namespace = "gpu-admission"
+    view_settings = [f"clusterView.enabled={str(view).lower()}"]
+    webhooks = template(
+        helm, values=[values], namespace=namespace, settings=["admission.mode=webhooks"]
     )
-    cel_file = tmp_path / "cel.yaml"
-    cel_file.write_text(cli("manifests", "--only", "cel", "--policy", str(policy_file)))
-    objects = template(
+    apiserver = template(
         helm,
-        extra=[
-            "--set-file",
-            f"policy.file={policy_file}",
-            "--set-file",
-            f"policy.matchConditions={conditions_file}",
-            "--set-file",
-            f"celPolicies.manifests={cel_file}",
-        ],
+        values=[values],
+        namespace=namespace,
+        settings=["admission.mode=apiserver", *view_settings],
     )
-    expected = yaml.safe_load(conditions_file.read_text())["matchConditions"]
-    assert conditions(objects) == [expected, expected]
-    default = yaml.safe_load((CHART / "files" / "match-conditions.yaml").read_text())
-    assert expected != default["matchConditions"]
-    # Helm orders objects by kind; compared object by object.
-    cel = [o for o in objects if o["kind"] in celpolicy.KINDS]
-    assert by_identity(cel) == by_identity(celpolicy.validating_policies(policy))
+    expected = [dict(c) for c in match_conditions(policy)]
+    assert conditions(webhooks) == [expected, expected]
+    assert expected != [dict(c) for c in match_conditions(DEFAULT_POLICY)]
+    if view:
+        scoped = [dict(c) for c in view_conditions(policy)]
+        assert conditions(apiserver) == [scoped, scoped]
+    else:
+        assert not conditions(apiserver)
+    for objects in (webhooks, apiserver):
+        assert one(objects, "ConfigMap", "gpushare-policy")["data"]["policy.yaml"] == text
+        # Helm orders objects by kind; compared object by object, in the release namespace.
+        cel = celpolicy.validating_policies(policy, namespace=namespace)
+        stamp(cel, fingerprint)
+        assert by_identity([o for o in objects if o["kind"] in celpolicy.KINDS]) == by_identity(cel)
+    mutating = mutatingpolicy.mutating_policies(policy, namespace=namespace)
+    stamp(mutating, fingerprint)
+    rendered = [o for o in apiserver if o["kind"] in mutatingpolicy.KINDS]
+    assert by_identity(rendered) == by_identity(mutating)
+    assert not [o for o in webhooks if o["kind"] in mutatingpolicy.KINDS]
 
 
 def test_no_cel_example_renders_no_admission_policies(helm: str) -> None:
@@ -407,26 +546,21 @@ def notes(helm: str, *settings: str) -> str:
     return result.stdout.split("NOTES:", 1)[1]
 
 
-def test_notes_warn_when_a_custom_policy_keeps_the_default_scope(helm: str) -> None:
-    """With cert-manager certificates no replica rewrites the scope: the user renders it."""
-    text = notes(helm, "certificates.mode=cert-manager")
-    assert "--print-match-conditions" in text
-    assert "--only cel" in text
+def test_notes_for_a_policy_of_your_own_say_how_to_render_it_again(helm: str) -> None:
+    strict = yaml.safe_load((CHART / "ci" / "strict-policy-values.yaml").read_text())
+    fingerprint = yaml.safe_load(strict["policy"]["matchConditions"])["policySpec"]
+    for mode, says in (
+        ("self-managed", "the elected replica re-renders them"),
+        ("cert-manager", "no replica re-renders them"),
+    ):
+        text = notes(helm, f"certificates.mode={mode}")
+        assert "gpushare-webhook manifests --helm-values" in text
+        assert fingerprint in text
+        assert says in text, text
     default = run([helm, "install", "gpushare-webhook", str(CHART), "--dry-run=client"])
     assert default.returncode == 0, default.stderr
     assert "rollout status" in default.stdout
-    assert "--print-match-conditions" not in default.stdout
-
-
-def test_notes_leave_rendering_to_the_leader_in_self_managed_mode(helm: str) -> None:
-    """The leader re-renders scope and CEL policies from the policy ConfigMap
-    (webhook.install.reconcile): telling the user to render them would be wrong."""
-    text = notes(helm)
-    assert "--print-match-conditions" not in text
-    assert "--only cel" not in text
-    assert "nothing to render yourself" in text
-    assert "ValidatingAdmissionPolicies" in text
-    assert "ValidatingAdmissionPolicies" not in notes(helm, "celPolicies.enabled=false")
+    assert "--helm-values" not in default.stdout
 
 
 def test_notes_point_at_the_uninstall(helm: str) -> None:
@@ -498,3 +632,20 @@ def test_readme_helm_example_renders_as_written(helm: str, command: str) -> None
     )
     assert result.returncode == 0, result.stderr
     assert "kind: Deployment" in result.stdout
+
+
+def test_the_rendered_install_says_which_it_is_and_why(helm: str) -> None:
+    """`helm template` without a cluster sees no MutatingAdmissionPolicy v1: the webhook
+    install, said on the Deployment where a reader of the output looks."""
+    plain = template_text(helm)
+    assert "# gpushare-webhook renders the webhook install" in plain
+    assert "--api-versions admissionregistration.k8s.io/v1/MutatingAdmissionPolicy" in plain
+    served = template_text(
+        helm, extra=["--api-versions", "admissionregistration.k8s.io/v1/MutatingAdmissionPolicy"]
+    )
+    assert "# gpushare-webhook renders the 1.36+ install" in served
+    assert "serves admissionregistration.k8s.io/v1 MutatingAdmissionPolicy" in served
+    forced = template_text(helm, settings=["admission.mode=webhooks"])
+    assert (
+        "renders the webhook install (both webhooks registered): admission.mode=webhooks" in forced
+    )

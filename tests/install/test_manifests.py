@@ -723,6 +723,9 @@ def test_wheel_carries_the_deploy_files(tmp_path: Path) -> None:
     on_disk = tracked or [str(p.relative_to(ROOT)) for p in DEPLOY.rglob("*") if p.is_file()]
     for path in on_disk:
         assert "webhook/_deploy/" + path.removeprefix("deploy/") in names
+    # The example policies the docs name, beside the default one.
+    examples = sorted(p.name for p in (ROOT / "policies" / "examples").glob("*.yaml"))
+    assert examples and all(f"webhook/policies/examples/{name}" in names for name in examples)
     probe = (
         "import json, webhook.install.manifests as m; "
         "print(json.dumps([str(m.deploy_root()), m.render(overlay='cert-manager')]))"

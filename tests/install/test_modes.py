@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.paths import ROOT, documentation
+from tests.paths import DEFAULT_POLICY_FILE, ROOT, documentation
 from webhook.cli import main
 from webhook.cli import manifests as cli_manifests
 from webhook.install import celpolicy, manifests, mutatingpolicy
+from webhook.install.fingerprint import spec_fingerprint, stamp
 from webhook.install.mode import (
     APISERVER,
     WEBHOOKS,
@@ -94,7 +95,8 @@ def test_unsupported_or_unreadable_versions_are_refused(text: str) -> None:
 def test_generated_mutating_policies_are_the_renderers() -> None:
     """deploy/mutatingpolicies/mutatingpolicies.yaml and the chart's copy are generated;
     fix with hack/update-match-conditions."""
-    wanted = manifests.mutating_policies_text(DEFAULT_POLICY)
+    fingerprint = spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8"))
+    wanted = manifests.mutating_policies_text(DEFAULT_POLICY, fingerprint=fingerprint)
     for path in (
         ROOT / "deploy" / "mutatingpolicies" / manifests.MUTATING_POLICIES_FILE,
         ROOT / "charts" / "gpushare-webhook" / "files" / manifests.MUTATING_POLICIES_FILE,
@@ -160,6 +162,7 @@ def test_the_apiserver_install_takes_the_policy_and_namespace() -> None:
         overlay=manifests.APISERVER_OVERLAY, policy=CUSTOM, namespace="gpu-admission"
     )
     rendered = mutatingpolicy.mutating_policies(CUSTOM, namespace="gpu-admission")
+    stamp(rendered, spec_fingerprint(manifests.policy_yaml(CUSTOM)))
     assert [o for o in objects if o["kind"] in mutatingpolicy.KINDS] == sorted(
         rendered, key=manifests._sort_key
     )
@@ -299,3 +302,98 @@ def test_the_upgrade_table_of_the_apiserver_install_is_what_it_renders() -> None
             "update" in rule["verbs"] and name in rule.get("resourceNames", [])
             for rule in role["rules"]
         )
+
+
+# ------------------------------------------------- one policy in every admission object
+
+
+def manifests_output(*argv: str) -> str:
+    out = io.StringIO()
+    with redirect_stdout(out):
+        assert main(["manifests", *argv]) == 0
+    return out.getvalue()
+
+
+def test_manifests_only_mutating_prints_just_the_mutating_policies(tmp_path: Path) -> None:
+    policy_file = ROOT / "policies" / "examples" / "strict.yaml"
+    text = policy_file.read_text("utf-8")
+    printed = manifests_output(
+        "--only", "mutating", "--policy", str(policy_file), "--namespace", "gpu-admission"
+    )
+    wanted = mutatingpolicy.mutating_policies(
+        parse_policy(text, source="strict"), namespace="gpu-admission"
+    )
+    stamp(wanted, spec_fingerprint(text))
+    assert [o for o in yaml.safe_load_all(printed) if o] == wanted
+
+
+def test_manifests_with_a_policy_marks_every_admission_object_with_it() -> None:
+    policy_file = ROOT / "policies" / "examples" / "volcano.yaml"
+    text = policy_file.read_text("utf-8")
+    for version in ("1.35", "1.36"):
+        printed = manifests_output("--kubernetes-version", version, "--policy", str(policy_file))
+        objects = [o for o in yaml.safe_load_all(printed) if o]
+        admission = [o for o in objects if o["kind"] in (*celpolicy.KINDS, *mutatingpolicy.KINDS)]
+        assert len(admission) >= 4
+        marks = {o["metadata"]["annotations"]["gpushare.io/policy-spec"] for o in admission}
+        assert marks == {spec_fingerprint(text)}
+        assert set(mutatingpolicy.KINDS) <= kinds(objects) or version == "1.35"
+
+
+def test_manifests_helm_values_hold_the_policy_and_all_its_objects() -> None:
+    policy_file = ROOT / "policies" / "examples" / "volcano.yaml"
+    text = policy_file.read_text("utf-8")
+    values = yaml.safe_load(manifests_output("--helm-values", "--policy", str(policy_file)))
+    fingerprint = spec_fingerprint(text)
+    assert values["policy"]["file"] == text
+    for key in ("matchConditions", "viewMatchConditions"):
+        assert yaml.safe_load(values["policy"][key])["policySpec"] == fingerprint
+    for texts in (values["celPolicies"]["manifests"], values["mutatingPolicies"]["manifests"]):
+        objects = [o for o in yaml.safe_load_all(texts) if o]
+        assert objects
+        assert {o["metadata"]["annotations"]["gpushare.io/policy-spec"] for o in objects} == {
+            fingerprint
+        }
+
+
+def test_manifests_help_names_what_it_renders() -> None:
+    """It listed five rules and "one policy per deny rule" long after neither was true."""
+    text = cli_manifests.MANIFESTS_DESCRIPTION
+    assert "per deny rule" not in text
+    assert "--only mutating" in text and "gpushare-deny-sources" in text
+
+
+@pytest.mark.parametrize(
+    ("version", "directory"),
+    [("1.35", "cluster-view"), ("1.36", "overlays/apiserver-cluster-view")],
+)
+def test_manifests_render_the_cluster_view_install(version: str, directory: str) -> None:
+    printed = manifests_output("--kubernetes-version", version, "--cluster-view")
+    objects = [o for o in yaml.safe_load_all(printed) if o]
+    assert objects == manifests.build(ROOT / "deploy" / directory)
+    policy_file = ROOT / "policies" / "examples" / "volcano.yaml"
+    policy = parse_policy(policy_file.read_text("utf-8"), source="volcano")
+    printed = manifests_output(
+        "--kubernetes-version", version, "--cluster-view", "--policy", str(policy_file)
+    )
+    objects = [o for o in yaml.safe_load_all(printed) if o]
+    scope = view_conditions(policy) if version == "1.36" else match_conditions(policy)
+    hooks = [h for o in objects if o["kind"] in manifests.WEBHOOK_KINDS for h in o["webhooks"]]
+    assert len(hooks) == 2
+    assert all(h["matchConditions"] == [dict(c) for c in scope] for h in hooks)
+
+
+def test_manifests_cluster_view_keeps_its_own_certificates() -> None:
+    err = io.StringIO()
+    with redirect_stderr(err):
+        code = main(
+            [
+                "manifests",
+                "--kubernetes-version",
+                "1.35",
+                "--cluster-view",
+                "--overlay",
+                "cert-manager",
+            ]
+        )
+    assert code == 2 and "--cluster-view" in err.getvalue()

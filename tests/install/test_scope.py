@@ -12,10 +12,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.paths import ROOT
+from tests.paths import DEFAULT_POLICY_FILE, ROOT
 from webhook.cli import main
 from webhook.core.workload import TEMPLATE_PATHS
 from webhook.install import manifests
+from webhook.install.fingerprint import spec_fingerprint
 from webhook.install.manifests import ManifestError, with_match_conditions
 from webhook.install.scope import (
     annotation_prefixes,
@@ -99,6 +100,20 @@ def test_policy_vocabulary_is_in_the_conditions() -> None:
         assert fixed in expression
 
 
+def test_gpu_runtime_classes_are_in_the_conditions() -> None:
+    """A pod under a GPU runtime class is voided or refused whatever else it holds, so
+    the class alone sends it; a policy without classes sends nothing for it."""
+    expression = " ".join(c["expression"] for c in match_conditions(DEFAULT_POLICY))
+    assert "object.spec.runtimeClassName in " in expression
+    for name in DEFAULT_POLICY.gpu_runtime_classes:
+        assert literal(name) in expression
+    none = parse_policy(
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\n"
+        "spec:\n  runtimeClasses: {gpu: []}\n"
+    )
+    assert "runtimeClassName" not in " ".join(c["expression"] for c in match_conditions(none))
+
+
 @pytest.mark.parametrize(
     ("patterns", "prefixes", "exact"),
     [
@@ -179,7 +194,11 @@ def test_manifests_command_prints_and_scopes(tmp_path: Path) -> None:
     with redirect_stdout(out):
         assert main(["manifests", "--print-match-conditions"]) == 0
     printed = yaml.safe_load(out.getvalue())
-    assert printed == {"matchConditions": [dict(c) for c in match_conditions(DEFAULT_POLICY)]}
+    assert printed == {
+        # The fingerprint of the policy the conditions were rendered from.
+        "policySpec": spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8")),
+        "matchConditions": [dict(c) for c in match_conditions(DEFAULT_POLICY)],
+    }
     out = io.StringIO()
     with redirect_stdout(out):
         assert main(["manifests", "--policy", str(policy)]) == 0

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import argparse
 import sys
+from importlib import resources
 from pathlib import Path
 from typing import Final, TextIO
 
 from webhook.certs.selfmanaged import SelfManagedError, api_client
 from webhook.cli.common import Commands
-from webhook.install.celpolicy import validating_policies
+from webhook.install.fingerprint import spec_fingerprint
 from webhook.install.manifests import (
     BASE_NAMESPACE,
     OVERLAYS,
     ManifestError,
+    cel_policies,
+    conditions_text,
+    helm_values_text,
+    mutating_policies,
     overlay_for,
     render,
     set_namespace,
@@ -21,7 +26,7 @@ from webhook.install.manifests import (
 )
 from webhook.install.mode import WEBHOOKS, Mode, ModeError, detect, install_mode
 from webhook.install.scope import match_conditions
-from webhook.policies import load_policy, parse_policy
+from webhook.policies import DEFAULT_SOURCE, load_policy, parse_policy
 
 MANIFESTS_HELP: Final = "print the install manifests (what kubectl kustomize deploy/ renders)"
 MANIFESTS_DESCRIPTION: Final = """\
@@ -38,6 +43,11 @@ ValidatingAdmissionPolicies. --kubernetes-version X.Y decides without a cluster 
 a 1.36 cluster keeps the webhooks). With no kubeconfig at all, the webhook install is
 printed (it works on every supported version) and stderr says so.
 
+--cluster-view prints the install with the cluster view and policy reports on (serve
+--cluster --reports, its read-only RBAC and the report CRDs): deploy/cluster-view, or on
+1.36+ deploy/overlays/apiserver-cluster-view, where the webhooks are registered only for
+what the view decides, failing open.
+
 Certificates: with the self-managed overlay (the default) the webhook creates its
 CA and serving certificate at start and writes the caBundle into its own webhook
 configurations, so none is needed here. With --overlay cert-manager, cert-manager's
@@ -51,11 +61,18 @@ ConfigMap and both webhooks are scoped to it, so the two agree.
 --print-match-conditions prints only the conditions (of --policy FILE, or of the
 bundled default policy), e.g. to patch them into an overlay of your own.
 
-CEL rules: the install also carries a ValidatingAdmissionPolicy and binding per deny
-rule CEL can express (privileged-gpu, node-name-pinning, raw-visible-devices,
-limit-tampering's env switches, forged-allocation), evaluated by the apiserver itself.
---only cel prints just these (of --policy FILE, in --namespace's scope), for clusters
-that want no webhook in the validation path at all; the other rules then go unchecked."""
+In-apiserver policies: the install also carries the policy's rules CEL can express as
+ValidatingAdmissionPolicies, one policy and binding per action some rule takes
+(gpushare-deny, gpushare-warn, gpushare-audit; and gpushare-deny-sources, ... for the
+ConfigMaps, Secrets and DRA objects pods take env and devices from), evaluated by the
+apiserver itself; on 1.36+ also its mutation as the MutatingAdmissionPolicies
+gpushare-mutate and gpushare-void. --only cel prints just the former and --only mutating
+just the latter (of --policy FILE, in --namespace's scope).
+
+Every in-apiserver policy and every matchConditions text carries the fingerprint of the
+policy it was rendered from (annotation gpushare.io/policy-spec). --helm-values prints a
+Helm values file with the policy and all of them, for `helm install --values`: the chart
+refuses a policy whose admission objects were rendered from another one."""
 
 
 def register(commands: Commands) -> None:
@@ -66,6 +83,12 @@ def register(commands: Commands) -> None:
         "--overlay",
         choices=OVERLAYS,
         help="certificate management of the webhook install (default: self-managed)",
+    )
+    parser.add_argument(
+        "--cluster-view",
+        action="store_true",
+        help="the install with the cluster view and policy reports on (deploy/cluster-view, "
+        "or on 1.36+ deploy/overlays/apiserver-cluster-view)",
     )
     parser.add_argument(
         "--kubernetes-version",
@@ -96,8 +119,14 @@ def register(commands: Commands) -> None:
     )
     parser.add_argument(
         "--only",
-        choices=("cel",),
-        help="print only these objects: cel = the ValidatingAdmissionPolicies and bindings",
+        choices=("cel", "mutating"),
+        help="print only these objects: cel = the ValidatingAdmissionPolicies and bindings, "
+        "mutating = the MutatingAdmissionPolicies and bindings (Kubernetes 1.36+)",
+    )
+    parser.add_argument(
+        "--helm-values",
+        action="store_true",
+        help="print a Helm values file: the policy with every admission object rendered from it",
     )
     parser.set_defaults(handler=command_manifests)
 
@@ -116,21 +145,28 @@ def command_manifests(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -
         if policy_text is not None
         else load_policy(None)
     )
+    # The fingerprint of the policy as written: what the chart computes from its values.
+    fingerprint = spec_fingerprint(policy_text if policy_text is not None else _default_text())
     if args.print_match_conditions:
-        conditions = [dict(c) for c in match_conditions(policy)]
-        stdout.write(to_yaml([{"matchConditions": conditions}]))
+        stdout.write(conditions_text(match_conditions(policy), fingerprint=fingerprint))
         return 0
-    if args.only == "cel":
-        cel = validating_policies(policy)
+    if args.helm_values:
+        source = args.policy or DEFAULT_SOURCE
+        text = policy_text if policy_text is not None else _default_text()
+        stdout.write(helm_values_text(policy, text, source=source))
+        return 0
+    if args.only:
+        render_only = cel_policies if args.only == "cel" else mutating_policies
+        objects = render_only(policy, fingerprint=fingerprint)
         try:
-            set_namespace(cel, args.namespace)
+            set_namespace(objects, args.namespace)
         except ManifestError as exc:
             sys.stderr.write(f"gpushare-webhook: {exc}\n")
             return 2
-        stdout.write(to_yaml(cel))
+        stdout.write(to_yaml(objects))
         return 0
     try:
-        overlay = overlay_for(_mode(args), args.overlay)
+        overlay = overlay_for(_mode(args), args.overlay, cluster_view=args.cluster_view)
         ca_bundle = None
         if args.ca_bundle:
             try:
@@ -151,6 +187,10 @@ def command_manifests(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -
         return 2
     stdout.write(to_yaml(objects))
     return 0
+
+
+def _default_text() -> str:
+    return resources.files("webhook.policies").joinpath("default.yaml").read_text("utf-8")
 
 
 def _mode(args: argparse.Namespace) -> Mode:

@@ -13,6 +13,7 @@ from typing import Any, Final, TextIO
 import orjson
 
 from webhook.cli.common import EXIT_OK, Commands, UsageError
+from webhook.core.auditevent import is_event, record_of_event
 from webhook.core.policy import RULE_IDS
 from webhook.core.rollout import RolloutReport, RolloutRow, summarise
 
@@ -38,6 +39,13 @@ for rotated files, - for stdin) and print, per rule, namespace and workload, how
 many requests enforcing the rule would refuse: violations recorded with action
 audit or warn (WOULD REFUSE). Violations already denied are counted apart (REFUSED
 NOW). A request reaches both /mutate and /validate; it counts once.
+
+The apiserver's audit log (audit.k8s.io/v1 events, as --audit-log-path writes them)
+is read the same way: on Kubernetes 1.36+ the in-apiserver policies decide, and a
+rule of a warn or audit ValidatingAdmissionPolicy records itself there as the audit
+annotation gpushare-audit/<rule> (or gpushare-warn/<rule>); a refusal names its
+first rule in the response status. Each event is one request. The apiserver needs an
+audit policy that records the admitted kinds at level Metadata (docs/policy.md).
 
 A pod made by a controller is grouped under it (a Deployment's pods under the
 Deployment). The example is one message as logged, user-supplied values redacted.
@@ -97,6 +105,12 @@ def read_records(
                     continue
                 if type(record) is not dict:
                     skipped.note(path, number)
+                    continue
+                if is_event(record):
+                    # The apiserver's audit log: the in-apiserver policies' decisions.
+                    converted = record_of_event(record)
+                    if converted is not None:
+                        yield dict(converted)
                     continue
                 yield record
 
@@ -260,7 +274,8 @@ def register(commands: Commands) -> None:
         "--audit-log",
         action="append",
         metavar="FILE",
-        help="the service's audit log (JSON lines, gzip'd or not; - for stdin); repeatable",
+        help="the service's audit log, or the apiserver's (JSON lines, gzip'd or not; "
+        "- for stdin); repeatable",
     )
     parser.add_argument(
         "--cluster",

@@ -22,6 +22,10 @@ PodDisruptionBudget and the chart's optional objects. The Namespace goes too whe
 install created it (it carries the part-of label). CustomResourceDefinitions are
 never deleted: other tools own them.
 
+A Helm release is left to Helm first: while its record is in --namespace, nothing is
+deleted and the order is printed (helm uninstall, then this command for what Helm never
+knew).
+
 --dry-run asks the apiserver to check every delete (permissions, existence) without
 doing it, and prints what would go. Exit status: 0 when nothing of the install is
 left, 1 when something could not be deleted (each named on stderr), 2 on bad usage

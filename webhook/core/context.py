@@ -30,12 +30,15 @@ from webhook.core.workload import MAPPINGS, as_mapping
 _NO_HOST_IPC: Final = frozenset({"baseline", "restricted"})
 
 
-def candidate_selector(spec: Mapping[str, Any], mode: Mode, policy: Policy) -> dict[str, str]:
-    """The nodeSelector the pod will have once mutated (mps adds the policy's)."""
+def candidate_selector(
+    spec: Mapping[str, Any], mode: Mode, policy: Policy, *, placed: bool = False
+) -> dict[str, str]:
+    """The nodeSelector the pod will have once mutated (mps adds the policy's, unless its
+    scheduler places it: ``ModeChoice.placed``)."""
     selector = {
         str(k): v for k, v in as_mapping(spec.get("nodeSelector")).items() if isinstance(v, str)
     }
-    if mode == "mps":
+    if mode == "mps" and not placed:
         selector.update(policy.mps_node_selector)
     return selector
 

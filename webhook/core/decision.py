@@ -127,7 +127,7 @@ def _examine(
     # A vgpu pod of a stack whose nodes have no HAMi-core gets none injected.
     library = choice.mode != "vgpu" or policy.library_for(requests)
     if cluster is not None and requests.sharing and choice.mode in ("vgpu", "mps"):
-        selector = candidate_selector(view.spec, choice.mode, policy)
+        selector = candidate_selector(view.spec, choice.mode, policy, placed=choice.placed)
         resolve_percentages(requests, pool_of(cluster, selector), where=where(selector))
     subject = Subject(
         view=view,
@@ -141,8 +141,8 @@ def _examine(
         previous=previous,
         namespace=namespace,
         treatment=(
-            Treatment(whole=whole, dynamic=choice.dynamic, library=library)
-            if whole or choice.dynamic or not library
+            Treatment(whole=whole, dynamic=choice.dynamic, library=library, placed=choice.placed)
+            if whole or choice.dynamic or not library or choice.placed
             else PLAIN
         ),
     )
@@ -259,7 +259,7 @@ def decide(
     elif (
         phase == "mutate"
         and subject.created
-        and (mutable or needs_void(view.spec, subject.requests))
+        and (mutable or needs_void(view.spec, subject.requests, policy))
     ):
         # A pod that shares no GPU may still need the void for its containers: mutated,
         # but never refused as unmutated (a legacy image is raw-visible-devices').

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from webhook.core.workload import MAPPINGS
 
@@ -54,8 +54,98 @@ GUARDED_PREFIXES: Final = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
 
 
 def guarded(name: str) -> bool:
-    """``name`` is one a ConfigMap or Secret may not hand a container."""
+    """``name`` is one a ConfigMap or Secret may not hand a container, whatever its value."""
     return name in GUARDED_NAMES or name.startswith(GUARDED_PREFIXES)
+
+
+# The env channel, default-deny: every name a component of the node's GPU stack reads is
+# refused unless the policy's env.allowed admits it (Policy.env_allowances).
+#
+# "devices": the NVIDIA container toolkit's names, which decide which devices and driver
+# files a container gets: every NVIDIA_* name (internal/config/image/envvars.go, the gated
+# modifiers of internal/modifier/cdi.go:133-145, IMEX channels at :154), the swarm resource
+# variables (DOCKER_RESOURCE_*, the toolkit's swarm-resource setting) and the legacy
+# CUDA_VERSION (cuda_image.go:99-104); nvidia-container-toolkit @d34b304. Judged in every
+# container of every pod: the NVIDIA runtime may be a node's default.
+DEVICE_PREFIXES: Final = ("NVIDIA_", "DOCKER_RESOURCE_")
+DEVICE_NAMES: Final = ("CUDA_VERSION",)
+# "limits": exactly the names HAMi-core reads (its getenv calls, Project-HAMi/HAMi-core
+# @8f3a89c: libvgpu.c:95 CUDA_REDIRECT, log_utils.c:13 LIBCUDA_LOG_LEVEL,
+# multiprocess_memory_limit.c:96 the limits, :1031 ACTIVE_OOM_KILLER, :1047
+# GPU_CORE_UTILIZATION_POLICY, :1077 CUDA_DEVICE_MEMORY_SHARED_CACHE, :1140
+# CUDA_TASK_PRIORITY, :1196 RECORD_KERNEL_INTERVAL), the device plugins' switches
+# (HAMi's CUDA_DISABLE_CONTROL, ACK's CGPU_DISABLE) and the MPS client's CUDA_MPS_*.
+# Judged in the containers of a GPU pod: nothing reads them where no GPU is.
+LIMIT_NAMES: Final = (
+    "CUDA_REDIRECT",
+    "LIBCUDA_LOG_LEVEL",
+    "ACTIVE_OOM_KILLER",
+    "GPU_CORE_UTILIZATION_POLICY",
+    "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+    "CUDA_TASK_PRIORITY",
+    "RECORD_KERNEL_INTERVAL",
+    "CUDA_DISABLE_CONTROL",
+    "CGPU_DISABLE",
+)
+LIMIT_PREFIXES: Final = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_")
+# Names of those channels that other rules judge by their meaning, or that the mutation
+# sets and overwrites (raw-visible-devices' device list and legacy images, the switches,
+# the limits limit-tampering compares with the request, the MPS client's settings, the
+# region and priority): the allowlist never refuses them.
+MANAGED_NAMES: Final = frozenset(
+    {
+        *GUARDED_NAMES,
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
+        "CUDA_MPS_PIPE_DIRECTORY",
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
+        "CUDA_TASK_PRIORITY",
+    }
+)
+MANAGED_PREFIXES: Final = GUARDED_PREFIXES
+
+Channel = Literal["devices", "limits"]
+# The rule a name refused on each channel falls under.
+CHANNEL_RULES: Final[Mapping[Channel, str]] = {
+    "devices": "raw-visible-devices",
+    "limits": "limit-tampering",
+}
+
+
+def channel_of(name: str) -> Channel | None:
+    """The channel ``name`` reaches the node's GPU stack on, or None (not guarded)."""
+    if name.startswith(DEVICE_PREFIXES) or name in DEVICE_NAMES:
+        return "devices"
+    if name in LIMIT_NAMES or name.startswith(LIMIT_PREFIXES):
+        return "limits"
+    return None
+
+
+def managed(name: str) -> bool:
+    """``name`` is judged by its own rule or set by the mutation, not by the allowlist."""
+    return name in MANAGED_NAMES or name.startswith(MANAGED_PREFIXES)
+
+
+# What grants nothing, for each name that adds device nodes beside a device list (the
+# gated modifiers, internal/modifier/cdi.go:133-145: only "enabled" counts; IMEX channels,
+# cuda_image.go:148-176: "void" is none). Image ENV cannot be seen, so the mutation pins
+# these in a slice container's pod env (containerd's WithEnv replaces the image's value
+# with the CRI's) unless the container sets the name itself (judged by env.allowed) or
+# the policy admits it in slices with any value (then a device plugin or image may
+# grant it on purpose: HAMi's device plugin sets the first three when its flags are on).
+DEVICE_PINS: Final[Mapping[str, str]] = {
+    "NVIDIA_GDS": "disabled",
+    "NVIDIA_MOFED": "disabled",
+    "NVIDIA_GDRCOPY": "disabled",
+    "NVIDIA_NVSWITCH": "disabled",
+    "NVIDIA_IMEX_CHANNELS": "void",
+}
+
+
+# What a container is to the allowlist: it asks for part of a GPU (vGPU memory or cores,
+# MPS, a MIG instance: "slice"), only for a count of whole GPUs ("whole"), or for none.
+ContainerClass = Literal["slice", "whole", "none"]
+CONTAINER_CLASSES: Final[tuple[ContainerClass, ...]] = ("slice", "whole", "none")
 
 
 def _set(entries: list[Mapping[str, Any]]) -> bool:
@@ -126,7 +216,9 @@ def spelling_prefixes(container: Mapping[str, Any]) -> list[str]:
 
 
 def spells_guarded(prefix: str) -> bool:
-    """Some key after ``prefix`` makes a guarded name."""
-    return any(name.startswith(prefix) and name != prefix for name in GUARDED_NAMES) or any(
-        name.startswith(prefix) or prefix.startswith(name) for name in GUARDED_PREFIXES
+    """Some key after ``prefix`` makes a guarded name, or a name of a guarded channel."""
+    names = (*GUARDED_NAMES, *DEVICE_NAMES, *LIMIT_NAMES)
+    prefixes = (*GUARDED_PREFIXES, *DEVICE_PREFIXES, *LIMIT_PREFIXES)
+    return any(name.startswith(prefix) and name != prefix for name in names) or any(
+        name.startswith(prefix) or prefix.startswith(name) for name in prefixes
     )

@@ -14,14 +14,40 @@ from webhook.core.policy import Mode, Policy
 
 LIBRARY_PATH: Final = "/usr/local/vgpu/libvgpu.so"  # HAMi-core hard-codes it for its dlsym hook
 PRELOAD_FILE: Final = "/etc/ld.so.preload"
-CACHE_DIR: Final = "/usr/local/vgpu/cache"
 MODE_ANNOTATION: Final = "gpushare.io/mode"
 
 VOLUME_LIBRARY: Final = "gpushare-vgpu-lib"
 VOLUME_LOCK: Final = "gpushare-vgpu-lock"
-VOLUME_CACHE: Final = "gpushare-vgpu-cache"
 VOLUME_PRELOAD: Final = "gpushare-vgpu-preload"
 VOLUME_MPS_PIPE: Final = "gpushare-mps-pipe"
+
+# HAMi-core's shared region (CUDA_DEVICE_MEMORY_SHARED_CACHE) belongs directly in the
+# directory HAMi's device plugin mounts read-write per container at Allocate (its own
+# value is <uuid>.cache there: Project-HAMi/HAMi pkg/device-plugin/nvidiadevice/
+# nvinternal/plugin/server.go:838,859 @ 4707fb02); the vGPU monitor reads only the .cache
+# files directly in each of those directories, skipping names that hold libvgpu.so
+# (pkg/monitor/nvidia/cudevshr.go:234-256). The mutation sets no region: the device
+# plugin's value beats image ENV, and any pinned value beats the device plugin's.
+REGION_VARIABLE: Final = "CUDA_DEVICE_MEMORY_SHARED_CACHE"
+REGION_DIR: Final = "/usr/local/vgpu"
+REGION_SUFFIX: Final = ".cache"
+_REGION_SEGMENTS: Final = tuple(REGION_DIR.strip("/").split("/"))
+
+
+def region_readable(value: str) -> bool:
+    """``value`` names a region HAMi's monitor reads: a ``.cache`` file directly in
+    :data:`REGION_DIR`. Segments are compared as written (``//`` and ``.`` dropped): a
+    ``..`` fails the comparison, as in CEL, which cannot resolve it."""
+    if not value.startswith("/"):
+        return False
+    segments = [s for s in value.split("/") if s not in ("", ".")]
+    return (
+        len(segments) == len(_REGION_SEGMENTS) + 1
+        and tuple(segments[:-1]) == _REGION_SEGMENTS
+        and segments[-1].endswith(REGION_SUFFIX)
+        and "libvgpu.so" not in segments[-1]
+    )
+
 
 # Env vars that limit a container: any user value is replaced or removed by the mutation.
 VGPU_LIMIT_PREFIXES: Final = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT")
@@ -57,6 +83,9 @@ class Treatment:
     dynamic: bool = False
     # A vgpu pod gets HAMi-core (Policy.library_for); always True in other modes.
     library: bool = True
+    # An mps pod its scheduler places by the card's mode (ModeChoice.placed): no
+    # mps.nodeSelector.
+    placed: bool = False
 
 
 # The treatment of nearly every pod: one object, not one per request.
@@ -77,12 +106,10 @@ def injection_for(mode: Mode, policy: Policy) -> Injection:
                 "name": VOLUME_LOCK,
                 "hostPath": {"path": policy.lock_host_path, "type": "DirectoryOrCreate"},
             },
-            {"name": VOLUME_CACHE, "emptyDir": {}},
         ]
         mounts: list[dict[str, Any]] = [
             {"name": VOLUME_LIBRARY, "mountPath": LIBRARY_PATH, "readOnly": True},
             {"name": VOLUME_LOCK, "mountPath": policy.lock_host_path},
-            {"name": VOLUME_CACHE, "mountPath": CACHE_DIR},
         ]
         if policy.preload == "file":
             volumes.append(
@@ -113,6 +140,13 @@ def injection_for(mode: Mode, policy: Policy) -> Injection:
             read_only_volumes=_MPS_READ_ONLY,
         )
     return NOTHING
+
+
+def gpu_runtime(spec: Mapping[str, Any], policy: Policy) -> bool:
+    """The pod runs under a RuntimeClass whose handler is the NVIDIA runtime
+    (``runtimeClasses.gpu``): a CUDA image's baked NVIDIA_VISIBLE_DEVICES=all holds there."""
+    name = spec.get("runtimeClassName")
+    return isinstance(name, str) and name in policy.gpu_runtime_classes
 
 
 def same_volume(have: Mapping[str, Any], want: Mapping[str, Any]) -> bool:

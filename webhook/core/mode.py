@@ -31,6 +31,9 @@ class ModeChoice:
     # mig named by one of the policy's dynamicMigAnnotations: the scheduler cuts a MIG
     # instance that holds the memory the pod asks for (HAMi's and Volcano's dynamic MIG).
     dynamic: bool = False
+    # mps named by one of the policy's mps.placedByAnnotations: its scheduler places the
+    # pod on a card in MPS mode, so it gets no mps.nodeSelector.
+    placed: bool = False
 
 
 def _annotated_mode(
@@ -54,16 +57,32 @@ def _annotated_mode(
     return None
 
 
-def _dynamic(annotations: Mapping[str, Any], policy: Policy) -> bool:
-    """The first mode annotation with a mode as its value is a dynamic-MIG one saying mig."""
+def _naming(annotations: Mapping[str, Any], policy: Policy) -> tuple[str, Mode] | None:
+    """The first mode annotation with a mode as its value, and that mode."""
     for key in policy.mode_annotations:
         raw = annotations.get(key)
         if raw is None:
             continue
         value = _ALIASES.get(str(raw).strip().lower())
         if value is not None:
-            return value == "mig" and key in policy.dynamic_mig_annotations
-    return False
+            return key, value
+    return None
+
+
+def _dynamic(annotations: Mapping[str, Any], policy: Policy) -> bool:
+    """The first mode annotation with a mode as its value is a dynamic-MIG one saying mig."""
+    naming = _naming(annotations, policy)
+    return naming is not None and naming[1] == "mig" and naming[0] in policy.dynamic_mig_annotations
+
+
+def _placed(annotations: Mapping[str, Any], policy: Policy) -> bool:
+    """An annotation whose scheduler places mps pods itself says mps: that scheduler reads
+    it whatever else the pod says (and the mutation adds gpushare.io/mode beside it)."""
+    return any(
+        _ALIASES.get(str(annotations.get(key)).strip().lower()) == "mps"
+        for key in policy.mps_placed_annotations
+        if key in annotations
+    )
 
 
 def named_mode(
@@ -114,6 +133,7 @@ def _container_conflicts(
 def _placement_conflicts(
     *,
     mode: Mode,
+    placed: bool,
     source: str,
     selected: Sequence[NodeSelectorMode],
     node_selector: Mapping[str, Any],
@@ -131,7 +151,7 @@ def _placement_conflicts(
                     f"nodeSelector {s.key}={s.value} means {s.mode} but the mode is {mode} ({source})",
                 )
             )
-    if mode == "mps":
+    if mode == "mps" and not placed:
         for key, wanted in policy.mps_node_selector.items():
             have = node_selector.get(key)
             if have is not None and str(have) != wanted:
@@ -175,10 +195,12 @@ def choose_mode(
                 break
     mode, source = chosen if chosen is not None else (policy.default_mode, "policy default")
     dynamic = mode == "mig" and named and _dynamic(annotations, policy)
+    placed = mode == "mps" and _placed(annotations, policy)
     # Appended to the list rather than yielded: generators cost more than the checks.
     _container_conflicts(requests, mode, source, findings, dynamic=dynamic)
     _placement_conflicts(
         mode=mode,
+        placed=placed,
         source=source,
         selected=selected,
         node_selector=node_selector,
@@ -192,4 +214,5 @@ def choose_mode(
         findings=findings,
         named=named,
         dynamic=dynamic and requests.sharing,
+        placed=placed,
     )

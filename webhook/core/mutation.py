@@ -17,20 +17,20 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from webhook.core.env import env_value, names_nvidia_env
+from webhook.core.env import DEVICE_PINS, ContainerClass, env_value, names_nvidia_env
 from webhook.core.finding import quoted
 from webhook.core.injection import (
-    CACHE_DIR,
     LIBRARY_PATH,
     MODE_ANNOTATION,
     PLAIN,
     VGPU_LIMIT_PREFIXES,
     Injection,
     Treatment,
+    gpu_runtime,
     same_volume,
 )
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
-from webhook.core.resources import ContainerRequest, PodRequests, asks_for_gpu
+from webhook.core.resources import ContainerRequest, PodRequests, asks_for_gpu, container_class
 from webhook.core.whole import REQUIRED, away_from_pool
 from webhook.core.wire import PatchOp
 from webhook.core.workload import MAPPINGS, PodView, as_mapping
@@ -80,6 +80,9 @@ class Want:
     prepend: bool = False
     report: bool = True
     keep: tuple[str, ...] = ()
+    # Set only where the container does not set the name: its own value is the env
+    # allowlist's to judge (the device pins).
+    absent_only: bool = False
 
 
 # The wants that depend on the policy alone, built once: a Want is never changed.
@@ -97,9 +100,19 @@ _SWITCHES: Final = (
 )
 
 
-def wanted_env(request: ContainerRequest, mode: Mode, policy: Policy) -> list[Want]:
-    """The env vars a sharing container must carry in ``mode``."""
-    wants: list[Want] = []
+_PINS: Final = {
+    (name, value): Want(name, value, report=False, absent_only=True)
+    for name, value in DEVICE_PINS.items()
+}
+
+
+def wanted_env(
+    request: ContainerRequest, mode: Mode, policy: Policy, *, klass: ContainerClass = "slice"
+) -> list[Want]:
+    """The env vars a sharing container of class ``klass`` must carry in ``mode``."""
+    # The device pins of a slice (env.DEVICE_PINS the policy does not open).
+    slice_ = klass == "slice" and mode in ("vgpu", "mps")
+    wants: list[Want] = [_PINS[pin] for pin in policy.device_pins] if slice_ else []
     if mode == "vgpu":
         if policy.preload == "env":
             wants.append(_PRELOAD)
@@ -115,13 +128,8 @@ def wanted_env(request: ContainerRequest, mode: Mode, policy: Policy) -> list[Wa
                 wants.append(Want(f"CUDA_DEVICE_SM_LIMIT_{i}", cores))
         wants.append(_UTILIZATION[policy.core_utilization_policy])
         wants.extend(_SWITCHES)
-        wants.append(
-            Want(
-                "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-                f"{CACHE_DIR}/{request.name}.cache",
-                report=False,
-            )
-        )
+        # No CUDA_DEVICE_MEMORY_SHARED_CACHE (injection.REGION_DIR): the device plugin's
+        # own value is where its monitor reads it, on its read-write mount.
         # HAMi-core schedules kernels by it (0 is high): without a request, its default.
         priority = request.priority if request.priority is not None else _DEFAULT_PRIORITY
         wants.append(Want("CUDA_TASK_PRIORITY", str(priority)))
@@ -195,6 +203,8 @@ def _env_ops(
         index = last.get(want.name)
         if index is None:
             appends.append({"name": want.name, "value": want.value})
+            continue
+        if want.absent_only:
             continue
         current = env_value(env[index])
         value = _merged(want, current)
@@ -288,7 +298,9 @@ def _scheduler_ops(out: Patch, spec: Mapping[str, Any], sp: str, wanted: str) ->
         out.add({"op": op, "path": f"{sp}/schedulerName", "value": wanted})
 
 
-def _mps_pod_ops(out: Patch, spec: Mapping[str, Any], sp: str, policy: Policy) -> None:
+def _mps_pod_ops(
+    out: Patch, spec: Mapping[str, Any], sp: str, policy: Policy, *, placed: bool
+) -> None:
     if spec.get("hostIPC") is not True:
         out.add(
             {
@@ -297,7 +309,7 @@ def _mps_pod_ops(out: Patch, spec: Mapping[str, Any], sp: str, policy: Policy) -
                 "value": True,
             }
         )
-    if not policy.mps_node_selector:
+    if not policy.mps_node_selector or placed:
         return
     selector = spec.get("nodeSelector")
     if not isinstance(selector, MAPPINGS):
@@ -336,7 +348,7 @@ def _container_ops(
     container = view.spec[request.kind][request.index]
     cp = f"{view.spec_pointer}/{request.kind}/{request.index}"
     label = request.label
-    wants = wanted_env(request, mode, policy)
+    wants = wanted_env(request, mode, policy, klass=container_class(container, policy))
     _env_ops(
         out,
         cp,
@@ -381,10 +393,11 @@ def _implied_ops(out: Patch, view: PodView, request: ContainerRequest) -> None:
 VOID: Final = "void"
 
 
-def needs_void(spec: Mapping[str, Any], requests: PodRequests) -> bool:
+def needs_void(spec: Mapping[str, Any], requests: PodRequests, policy: Policy) -> bool:
     """The pod's containers that ask for no GPU get NVIDIA_VISIBLE_DEVICES=void: in a GPU
-    pod, and in a pod whose env names CUDA_VERSION or an NVIDIA_* variable."""
-    if requests.gpu:
+    pod, in a pod under one of the policy's GPU runtime classes, and in a pod whose env
+    names CUDA_VERSION or an NVIDIA_* variable."""
+    if requests.gpu or gpu_runtime(spec, policy):
         return True
     for kind in ("containers", "initContainers"):
         containers = spec.get(kind)
@@ -481,7 +494,7 @@ def _edits(
 ) -> None:
     """Every op a pod (or template) in ``mode`` still needs, in an order that applies."""
     if mode in ("vgpu", "mps"):
-        _mode_edits(out, view, requests, mode, policy, injection, treatment.library)
+        _mode_edits(out, view, requests, mode, policy, injection, treatment)
     elif treatment.whole:
         _pool_ops(out, view, policy)
     elif treatment.dynamic:
@@ -490,7 +503,7 @@ def _edits(
         for request in requests.containers:
             if request.shares and request.kind != "ephemeralContainers":
                 _implied_ops(out, view, request)
-    if needs_void(view.spec, requests):
+    if needs_void(view.spec, requests, policy):
         _void_ops(out, view, requests, policy)
 
 
@@ -501,14 +514,16 @@ def _mode_edits(
     mode: Mode,
     policy: Policy,
     injection: Injection,
-    library: bool,
+    treatment: Treatment,
 ) -> None:
     """The ops of a GPU-sharing pod in mode vgpu or mps; a vgpu pod without HAMi-core
-    (``library`` False) gets its scheduler, mode and count, nothing of the library."""
+    (``treatment.library`` False) gets its scheduler, mode and count, nothing of the
+    library."""
+    library = treatment.library
     spec, sp = view.spec, view.spec_pointer
     _scheduler_ops(out, spec, sp, policy.scheduler_for(requests, mode=mode))
     if mode == "mps":
-        _mps_pod_ops(out, spec, sp, policy)
+        _mps_pod_ops(out, spec, sp, policy, placed=treatment.placed)
     _annotation_ops(out, view, mode)
     _list_ops(
         out,

@@ -7,8 +7,9 @@ optional one and retries a required one until it exists), and a Dynamic Resource
 Allocation claim hands it devices the sharing ledger never counts. Judging the pod
 cannot see either, so they are judged where they are written:
 
-- raw-visible-devices: a ConfigMap or Secret holding a guarded env name
-  (:func:`~webhook.core.env.guarded`) as a key, whatever its value;
+- raw-visible-devices: a ConfigMap or Secret holding as a key a guarded env name
+  (:func:`~webhook.core.env.guarded`), whatever its value, or a name of a guarded channel
+  that the policy's env.allowed does not admit in every container (:func:`unadmitted_key`);
 - gpu-claim: a ResourceClaim or ResourceClaimTemplate with a request on one of the
   policy's GPU device classes outside the namespaces the policy allows
   (``dra.allowedNamespaces``), or, in any namespace, with an opaque configuration for a
@@ -21,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
-from webhook.core.env import guarded
+from webhook.core.env import channel_of, guarded
 from webhook.core.finding import Finding, quoted
 from webhook.core.policy import Policy, match_any
 from webhook.core.workload import MAPPINGS, as_mapping
@@ -37,14 +38,29 @@ DEVICE_CLASS: Final = "DeviceClass"
 JUDGED_KINDS: Final = frozenset({*ENV_SOURCES, *CLAIM_KINDS, DEVICE_CLASS})
 
 
-def _env_source_findings(obj: Mapping[str, Any], kind: str) -> Iterator[Finding]:
+def unadmitted_key(key: str, value: Any, kind: str, policy: Policy) -> bool:
+    """A ConfigMap's or Secret's ``key`` would hand a container a name the env channel
+    refuses: a guarded name whatever its value, or one of a guarded channel that the
+    policy's env.allowed does not admit in every container (envFrom may hand it to any).
+    A Secret's values are never read: there only a name admitted with any value passes."""
+    if guarded(key):
+        return True
+    if channel_of(key) is None:
+        return False
+    shown = value if kind == "ConfigMap" and isinstance(value, str) else None
+    return not policy.env_admits_anywhere(key, shown)
+
+
+def _env_source_findings(obj: Mapping[str, Any], kind: str, policy: Policy) -> Iterator[Finding]:
     for field in ENV_SOURCES[kind]:
-        for key in as_mapping(obj.get(field)):
-            if isinstance(key, str) and guarded(key):
+        data = as_mapping(obj.get(field))
+        for key, value in data.items():
+            if isinstance(key, str) and unadmitted_key(key, value, kind, policy):
                 yield Finding(
                     "raw-visible-devices",
-                    f"{kind} key {key} would reach containers through envFrom unjudged; "
-                    "remove it and set what a pod needs in its own env",
+                    f"{kind} key {key} would reach containers through envFrom, where the "
+                    "policy's env.allowed does not admit it in every container; remove it "
+                    "and set what a pod needs in its own env",
                 )
 
 
@@ -125,7 +141,7 @@ def object_findings(
 ) -> list[Finding]:
     """The findings on a written object of one of :data:`JUDGED_KINDS`."""
     if kind in ENV_SOURCES:
-        return list(_env_source_findings(obj, kind))
+        return list(_env_source_findings(obj, kind, policy))
     if kind in CLAIM_KINDS:
         return list(_claim_findings(obj, kind, policy, namespace))
     if kind == DEVICE_CLASS:

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Final, Literal, cast
 import jsonschema
 import yaml
 
+from webhook.core.env import CONTAINER_CLASSES, DEVICE_PINS, ContainerClass, channel_of
+
 if TYPE_CHECKING:
     from webhook.core.resources import PodRequests
 
@@ -188,6 +190,7 @@ SCHEMA: Final[dict[str, Any]] = {
                             "type": "object",
                             "additionalProperties": {"type": "string"},
                         },
+                        "placedByAnnotations": _STRINGS,
                     },
                 },
                 "rules": {
@@ -239,6 +242,40 @@ SCHEMA: Final[dict[str, Any]] = {
                             "writers": _IDENTITIES,
                         },
                     },
+                },
+                # The env channel: what a container may set of the names the node's GPU
+                # stack reads (webhook.core.env.channel_of); everything else is refused.
+                "env": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "allowed": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["name"],
+                                "properties": {
+                                    "name": {
+                                        "type": "string",
+                                        "pattern": "^[A-Za-z_][A-Za-z0-9_]*[*]?$",
+                                    },
+                                    "values": {"type": "array", "items": {"type": "string"}},
+                                    "items": _STRINGS,
+                                    "containers": {
+                                        "type": "array",
+                                        "minItems": 1,
+                                        "items": {"enum": ["slice", "whole", "none"]},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+                "runtimeClasses": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"gpu": _STRINGS},
                 },
                 "dra": {
                     "type": "object",
@@ -376,6 +413,40 @@ class Identities:
 
 
 @dataclass(frozen=True, slots=True)
+class EnvAllowance:
+    """One entry of env.allowed: a name (``NAME`` or ``PREFIX*``), what values it may
+    have, and in which containers."""
+
+    name: str
+    # Exact values admitted; None: any value, valueFrom included.
+    values: tuple[str, ...] | None = None
+    # Admitted items of a comma-separated list (the toolkit's NVIDIA_DRIVER_CAPABILITIES:
+    # items are trimmed, empty ones skipped); None: values decides.
+    items: frozenset[str] | None = None
+    containers: frozenset[ContainerClass] = frozenset(CONTAINER_CLASSES)
+
+    @property
+    def prefix(self) -> bool:
+        return self.name.endswith("*")
+
+    def names(self, name: str) -> bool:
+        return name.startswith(self.name[:-1]) if self.prefix else name == self.name
+
+    def admits(self, value: str | None) -> bool:
+        """``value`` (None: from valueFrom or with $(VAR) references) is admitted."""
+        if self.values is None and self.items is None:
+            return True
+        if value is None:
+            return False
+        if self.items is not None:
+            # Blanks and tabs only: the toolkit trims more, and an odd space refused is safe.
+            return all(
+                not (word := item.strip(" \t")) or word in self.items for item in value.split(",")
+            )
+        return self.values is not None and value in self.values
+
+
+@dataclass(frozen=True, slots=True)
 class Policy:
     """A validated policy, compiled for fast lookups."""
 
@@ -414,6 +485,9 @@ class Policy:
     allow_disable_core_utilization_policy: bool
     mps_pipe_directory: str
     mps_node_selector: Mapping[str, str]
+    # Mode annotations whose scheduler places an mps pod by the card's mode itself
+    # (HAMi's nvidia.com/vgpu-mode): a pod named mps by one gets no mps_node_selector.
+    mps_placed_annotations: frozenset[str]
     # Count resources that ask for whole GPUs (wholeGpus.resources), and the node labels
     # (key, value) that mark the nodes sharing GPUs: a pod asking only for whole GPUs
     # that names a scheduler of its own keeps it, away from those nodes.
@@ -458,11 +532,19 @@ class Policy:
     container_paths: tuple[str, ...] = ()
     # Host devices CRI-O's devices annotation may name (runtimeAnnotations.allowedDevices),
     # and annotation key prefixes refused besides CDI's and CRI-O's (refusedPrefixes).
-    annotation_devices: frozenset[str] = frozenset({"/dev/fuse", "/dev/net/tun"})
+    annotation_devices: frozenset[str] = frozenset()
     refused_annotation_prefixes: tuple[str, ...] = ()
+    # RuntimeClasses whose handler runs the NVIDIA runtime: a container under one that
+    # asks for no GPU gets NVIDIA_VISIBLE_DEVICES=void (host-device-access without it).
+    gpu_runtime_classes: frozenset[str] = frozenset()
     # (deviceclass.resource.kubernetes.io/<class>, class) of each GPU device class: the
     # extended resource DRA serves the class under (DRAExtendedResource).
     gpu_class_resources: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
+    # env.allowed: what the env channel admits (env_admits).
+    env_allowances: tuple[EnvAllowance, ...] = ()
+    # (name, value) of each env.DEVICE_PINS entry a slice container gets pinned: those the
+    # policy does not admit in slices with any value.
+    device_pins: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
     # The count resource each slice resource implies when asked for alone (implied_count).
     implied_counts: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
@@ -489,6 +571,12 @@ class Policy:
         )
         self._class_resources()
         object.__setattr__(self, "implied_counts", self._implied_counts())
+        pins = tuple(
+            (name, value)
+            for name, value in DEVICE_PINS.items()
+            if not self.env_admits(name, None, "slice")
+        )
+        object.__setattr__(self, "device_pins", pins)
 
     def _class_resources(self) -> None:
         object.__setattr__(
@@ -570,6 +658,30 @@ class Policy:
         names = list(names)
         domains = tuple(n.split("/", 1)[0] + "/" for n in names if n not in self.count_resources)
         return [n for n in names if n not in self.count_resources or not n.startswith(domains)]
+
+    def env_allowances_for(self, name: str) -> tuple[EnvAllowance, ...]:
+        """The entries of env.allowed that decide ``name``: those naming it exactly, else
+        those of its longest matching prefix (a narrower entry closes what a wider one
+        opens: NVIDIA_REQUIRE_* is open, NVIDIA_REQUIRE_JETPACK is not)."""
+        exact = tuple(a for a in self.env_allowances if not a.prefix and a.name == name)
+        if exact:
+            return exact
+        matching = [a for a in self.env_allowances if a.prefix and a.names(name)]
+        if not matching:
+            return ()
+        longest = max(len(a.name) for a in matching)
+        return tuple(a for a in matching if len(a.name) == longest)
+
+    def env_admits(self, name: str, value: str | None, container: ContainerClass) -> bool:
+        """env.allowed admits ``name`` = ``value`` in a ``container`` of that class."""
+        return any(
+            container in a.containers and a.admits(value) for a in self.env_allowances_for(name)
+        )
+
+    def env_admits_anywhere(self, name: str, value: str | None) -> bool:
+        """Admitted in every class of container: what a ConfigMap or Secret may carry,
+        not knowing which container envFrom hands it to."""
+        return all(self.env_admits(name, value, c) for c in CONTAINER_CLASSES)
 
     def is_gpu_resource(self, name: str) -> bool:
         return name in self.gpu_resources or name.startswith(self.mig_prefixes)
@@ -716,7 +828,8 @@ def parse_policy(text: str, *, base: Policy | None, source: str = "<policy>") ->
     if checked is not None and (checked is document or not any(_VALIDATOR.iter_errors(checked))):
         policy = compile_policy(checked, base=base)
         # Checked on the compiled policy: whether a name is a GPU resource depends on the base.
-        for path, why in _scheduler_problems(checked, policy) + _mig_problems(policy):
+        problems = _scheduler_problems(checked, policy) + _mig_problems(policy)
+        for path, why in problems + _env_problems(checked):
             found.append((_position_of(node, path), ".".join(map(str, path)), why))
     if found or policy is None:
         found.sort()
@@ -826,6 +939,7 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         allow_disable_core_utilization_policy=vgpu["allowDisableCoreUtilizationPolicy"],
         mps_pipe_directory=spec["mps"]["pipeDirectory"],
         mps_node_selector=dict(spec["mps"]["nodeSelector"]),
+        mps_placed_annotations=frozenset(spec["mps"]["placedByAnnotations"]),
         whole_gpu_resources=frozenset(spec["wholeGpus"]["resources"]) & frozenset(res["count"]),
         sharing_pool=tuple((p["key"], p["value"]) for p in spec["wholeGpus"]["sharingPool"]),
         actions={rule: spec["rules"].get(rule, "deny") for rule in RULE_IDS},
@@ -863,7 +977,45 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         ),
         annotation_devices=frozenset(spec["runtimeAnnotations"]["allowedDevices"]),
         refused_annotation_prefixes=tuple(spec["runtimeAnnotations"]["refusedPrefixes"]),
+        env_allowances=tuple(_env_allowance(entry) for entry in spec["env"]["allowed"]),
+        gpu_runtime_classes=frozenset(spec["runtimeClasses"]["gpu"]),
     )
+
+
+def _env_allowance(entry: Mapping[str, Any]) -> EnvAllowance:
+    values = entry.get("values")
+    items = entry.get("items")
+    return EnvAllowance(
+        name=entry["name"],
+        values=tuple(values) if values is not None else None,
+        items=frozenset(items) if items is not None else None,
+        containers=frozenset(entry.get("containers", CONTAINER_CLASSES)),
+    )
+
+
+def _env_problems(document: Mapping[str, Any]) -> list[tuple[list[Any], str]]:
+    """env.allowed entries that name nothing the env channel guards (a typo would
+    otherwise open nothing, silently), or give both values and items."""
+    problems: list[tuple[list[Any], str]] = []
+    entries = document.get("spec", {}).get("env", {}).get("allowed", [])
+    for index, entry in enumerate(entries if isinstance(entries, list) else ()):
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            continue
+        name = entry["name"]
+        probe = name[:-1] + "X" if name.endswith("*") else name
+        path = ["spec", "env", "allowed", index, "name"]
+        if channel_of(probe) is None:
+            problems.append(
+                (
+                    path,
+                    f"{name} is no name the node's GPU stack reads (NVIDIA_*, "
+                    "DOCKER_RESOURCE_*, CUDA_VERSION, HAMi-core's and CUDA_MPS_*): it is "
+                    "admitted already",
+                )
+            )
+        if "values" in entry and "items" in entry:
+            problems.append(([*path[:-1], "items"], "give values or items, not both"))
+    return problems
 
 
 def _scheduler_maps(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
 from webhook.core import quantity
+from webhook.core.env import ContainerClass
 from webhook.core.finding import Finding, quoted
 from webhook.core.policy import Policy
 from webhook.core.workload import MAPPINGS, as_mapping
@@ -45,6 +46,11 @@ _RANGES: Final[dict[str, tuple[int, int]]] = {
 _RANGE_TEXT: Final = {"GiB": f"1..{MAX_GIB} GiB, or {MAX_GIB + 1}..{MAX_MIB} read as MiB"}
 # ASCII digits only: str.isdigit() takes "\u00b2" and int() then raises.
 _PRIORITY: Final = re.compile(r"-?[0-9]{1,9}")
+# The task priorities HAMi documents (0 high, 1 low: Project-HAMi/HAMi CHANGELOG.md:57 @
+# 4707fb02). Its vGPU monitor grows a table to the priority of each region and skips a
+# negative one (cmd/vGPUmonitor/feedback.go:90-97): 999999999 costs it gigabytes, -1
+# escapes its blocking.
+PRIORITIES: Final = (0, 1)
 
 
 def describe(kind: ContainerKind, name: str) -> str:
@@ -228,12 +234,12 @@ def _read_sharing(resource: str, raw: Any, request: ContainerRequest, policy: Po
     else:  # priority
         text = str(raw).strip()
         problem = None
-        if _PRIORITY.fullmatch(text):
+        if _PRIORITY.fullmatch(text) and int(text) in PRIORITIES:
             request.priority = int(text)
         else:
             problem = Finding(
                 "invalid-gpu-request",
-                f"{request.label}: {resource} {quoted(raw)} must be an integer priority",
+                f"{request.label}: {resource} {quoted(raw)} must be 0 (high) or 1 (low)",
             )
     if problem:
         request.problems.append(problem)
@@ -340,3 +346,20 @@ def asks_for_gpu(container: Mapping[str, Any], policy: Policy) -> bool:
             ):
                 return True
     return False
+
+
+def container_class(container: Mapping[str, Any], policy: Policy) -> ContainerClass:
+    """What a container is to the env allowlist: it asks only for whole GPUs (the policy's
+    wholeGpus.resources, beside a priority; or a GPU another way: a claim, another
+    vendor's resource), for part of one (memory, cores, a MIG instance, a vGPU count:
+    a slice), or for none."""
+    resources = as_mapping(container.get("resources"))
+    asked: set[str] = set()
+    for part in ("limits", "requests"):
+        for name in as_mapping(resources.get(part)):
+            if isinstance(name, str) and policy.is_gpu_resource(name):
+                asked.add(name)
+    asked -= policy.priority_resources
+    if asked:
+        return "whole" if asked <= policy.whole_gpu_resources else "slice"
+    return "whole" if asks_for_gpu(container, policy) else "none"

@@ -36,6 +36,12 @@ _KINDS: Final[Mapping[str, str]] = {
     "replicationcontrollers": "ReplicationController",
     "jobs": "Job",
     "cronjobs": "CronJob",
+    # Judged when written, by the in-apiserver policies (their audit events name them).
+    "configmaps": "ConfigMap",
+    "secrets": "Secret",
+    "resourceclaims": "ResourceClaim",
+    "resourceclaimtemplates": "ResourceClaimTemplate",
+    "deviceclasses": "DeviceClass",
 }
 # A Deployment's pod, for records that carry no owner: ``<deployment>-<pod-template-hash>-``
 # plus, once the apiserver has generated the name, five characters. The hash is a 32-bit

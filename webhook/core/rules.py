@@ -9,16 +9,32 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, NamedTuple
 
-from webhook.core.env import effective_env, env_value, legacy_image, opaque, spelling_prefixes
+from webhook.core.env import (
+    CHANNEL_RULES,
+    CONTAINER_CLASSES,
+    DEVICE_PINS,
+    ContainerClass,
+    channel_of,
+    effective_env,
+    env_value,
+    legacy_image,
+    managed,
+    opaque,
+    spelling_prefixes,
+)
 from webhook.core.finding import Finding, quoted
 from webhook.core.injection import (
     LIBRARY_PATH,
     MPS_LIMIT_VARS,
     PLAIN,
     PRELOAD_FILE,
+    REGION_DIR,
+    REGION_VARIABLE,
     VGPU_LIMIT_PREFIXES,
     Injection,
     Treatment,
+    gpu_runtime,
+    region_readable,
 )
 from webhook.core.policy import (
     DEFAULT_SCHEDULER,
@@ -31,10 +47,12 @@ from webhook.core.policy import (
 )
 from webhook.core.resources import (
     CONTAINER_KINDS,
+    PRIORITIES,
     ContainerKind,
     ContainerRequest,
     PodRequests,
     asks_for_gpu,
+    container_class,
     describe,
 )
 from webhook.core.whole import pool_selection
@@ -56,9 +74,24 @@ _SWITCHES: Final = frozenset(
         "CUDA_REDIRECT",
         "ACTIVE_OOM_KILLER",
         "CGPU_DISABLE",
+        # Where HAMi-core keeps a container's limits and usage, and its task priority:
+        # judged here, never pinned by the mutation (the priority is, from the resource).
+        REGION_VARIABLE,
+        "CUDA_TASK_PRIORITY",
     }
 )
 _JUDGED_ENV: Final = frozenset({"NVIDIA_VISIBLE_DEVICES"})
+# What every guarded name starts with: one startswith per env entry turns nearly all away.
+_CHANNEL_STARTS: Final = (
+    "NVIDIA_",
+    "DOCKER_RESOURCE_",
+    "CUDA_",
+    "LIBCUDA_",
+    "ACTIVE_OOM",
+    "GPU_CORE",
+    "RECORD_KERNEL",
+    "CGPU_",
+)
 _GPU_JUDGED_ENV: Final = _JUDGED_ENV | _SWITCHES
 # A percent as ASCII digits: str.isdigit() takes "\u00b2", and int() then raises.
 _PERCENT: Final = re.compile(r"[0-9]{1,9}")
@@ -399,16 +432,54 @@ def _injected_mount(mount: Mapping[str, Any], subject: Subject) -> bool:
     )
 
 
+# Who reads each channel's names, for the messages.
+_READERS: Final = {
+    "raw-visible-devices": "the NVIDIA container runtime",
+    "limit-tampering": "HAMi-core or the MPS client",
+}
+_CLASS_WORDS: Final[dict[str, str]] = {
+    "slice": "containers that ask for part of a GPU",
+    "whole": "containers that ask only for whole GPUs",
+    "none": "containers that ask for no GPU",
+}
+
+
+def _allowlist_finding(
+    label: str, name: str, value: str | None, klass: ContainerClass, policy: Policy
+) -> Finding | None:
+    """The env channel's default-deny on one entry of a guarded name that no rule of its
+    own judges (webhook.core.env.channel_of, managed)."""
+    channel = channel_of(name)
+    # A device pin's value grants nothing: what the mutation sets is no violation.
+    if channel is None or managed(name) or (value is not None and DEVICE_PINS.get(name) == value):
+        return None
+    shown_value = None if opaque(value) else value
+    if policy.env_admits(name, shown_value, klass):
+        return None
+    rule = CHANNEL_RULES[channel]
+    shown = "from valueFrom" if value is None else f"={quoted(value[:40])}"
+    where = [c for c in CONTAINER_CLASSES if c != klass and policy.env_admits(name, shown_value, c)]
+    if where:
+        hint = "; the policy's env.allowed admits it only in " + " and ".join(
+            _CLASS_WORDS[c] for c in where
+        )
+    elif policy.env_allowances_for(name):
+        hint = "; that value is not one the policy's env.allowed admits"
+    else:
+        hint = "; no entry of the policy's env.allowed admits it"
+    return Finding(rule, f"{label}: {name}{shown} is read by {_READERS[rule]}{hint}; remove it")
+
+
 def _mount_findings(
     kind: ContainerKind,
     container: Mapping[str, Any],
     mounts: list[Any],
     subject: Subject,
     reads: ReadPaths,
+    read_only: frozenset[str],
 ) -> list[Finding]:
     # A list, not a generator: it runs for every container and nearly always finds nothing.
     found: list[Finding] = []
-    read_only = subject.injection.read_only_volumes
     names = reads.names
     for mount in mounts:
         if not isinstance(mount, MAPPINGS):
@@ -449,6 +520,31 @@ def _mount_findings(
     return found
 
 
+def _shared_host_volumes(spec: Mapping[str, Any], policy: Policy) -> frozenset[str]:
+    """Names of the pod's hostPath volumes of a file every vGPU or MPS pod of the node
+    shares (the library, the preload file, the MPS pipe directory), whatever the volume
+    is called and whether or not the pod asks for a GPU: a writable mount of one, even in
+    a debug container added later to a pod admitted under an older policy, rewrites it
+    for every pod of the node."""
+    volumes = spec.get("volumes")
+    if not isinstance(volumes, list):
+        return frozenset()
+    shared = {
+        normalised(policy.library_host_path),
+        normalised(policy.preload_host_path),
+        normalised(policy.mps_pipe_directory),
+    }
+    names: set[str] = set()
+    for volume in volumes:
+        if isinstance(volume, MAPPINGS):
+            host = volume.get("hostPath")
+            if isinstance(host, MAPPINGS):
+                path, name = host.get("path"), volume.get("name")
+                if isinstance(path, str) and isinstance(name, str) and normalised(path) in shared:
+                    names.add(name)
+    return frozenset(names)
+
+
 def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     """The rules that look inside each container, in one walk over every container,
     init container and ephemeral container: privileged-gpu, raw-visible-devices,
@@ -461,6 +557,9 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     judged = _GPU_JUDGED_ENV if gpu else _JUDGED_ENV
     reads = read_paths(policy)
     spec = subject.view.spec
+    read_only = subject.injection.read_only_volumes | _shared_host_volumes(spec, policy)
+    # Under the NVIDIA runtime a container without the void sees what its image bakes.
+    runtime = legacy and gpu_runtime(spec, policy)
     for kind in CONTAINER_KINDS:
         containers = spec.get(kind)
         if not isinstance(containers, list):
@@ -486,12 +585,30 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                         "runtime honour any device list it asks for; remove it from "
                         "securityContext.capabilities.add",
                     )
-            if legacy and legacy_image(container) and not asks_for_gpu(container, policy):
+            if legacy_image(container):
+                if not asks_for_gpu(container, policy):
+                    if legacy:
+                        yield Finding(
+                            "raw-visible-devices",
+                            f"{_label(kind, container)}: CUDA_VERSION without NVIDIA_REQUIRE_CUDA "
+                            "makes the NVIDIA runtime hand it every GPU; set "
+                            "NVIDIA_VISIBLE_DEVICES=void or request GPUs in limits",
+                        )
+                elif gpu and container_class(container, policy) == "slice":
+                    # container_config.go: a legacy image gets every driver capability,
+                    # graphics and display too, which HAMi-core does not meter.
+                    yield Finding(
+                        "raw-visible-devices",
+                        f"{_label(kind, container)}: CUDA_VERSION without NVIDIA_REQUIRE_CUDA "
+                        "makes the NVIDIA runtime give a GPU slice every driver capability "
+                        "(graphics, display); set NVIDIA_REQUIRE_CUDA or remove CUDA_VERSION",
+                    )
+            if runtime and not asks_for_gpu(container, policy) and not _names_visible(container):
                 yield Finding(
-                    "raw-visible-devices",
-                    f"{_label(kind, container)}: CUDA_VERSION without NVIDIA_REQUIRE_CUDA makes "
-                    "the NVIDIA runtime hand it every GPU; set NVIDIA_VISIBLE_DEVICES=void or "
-                    "request GPUs in limits",
+                    "host-device-access",
+                    f"{_label(kind, container)}: runtimeClassName {spec['runtimeClassName']} "
+                    "hands every GPU to a container that asks for none; set "
+                    "NVIDIA_VISIBLE_DEVICES=void or request GPUs in limits",
                 )
             for prefix in spelling_prefixes(container) if "envFrom" in container else ():
                 yield Finding(
@@ -500,17 +617,40 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                     "NVIDIA_VISIBLE_DEVICES or a HAMi-core switch from a key; remove the prefix",
                 )
             env = container.get("env")
+            klass: ContainerClass | None = None  # asked for at the first guarded name
             # Every entry counts, not only the last: runtimes differ on which duplicate wins.
             for entry in env if isinstance(env, list) else ():
                 if isinstance(entry, MAPPINGS):
                     name = entry.get("name")
-                    if isinstance(name, str) and name in judged:
+                    if not isinstance(name, str):
+                        continue
+                    if name in judged:
                         yield from variable_findings(
                             _label(kind, container), name, env_value(entry), gpu=gpu, policy=policy
                         )
+                    elif name.startswith(_CHANNEL_STARTS) and (
+                        gpu or channel_of(name) == "devices"
+                    ):
+                        if klass is None:
+                            klass = container_class(container, policy)
+                        finding = _allowlist_finding(
+                            _label(kind, container), name, env_value(entry), klass, policy
+                        )
+                        if finding is not None:
+                            yield finding
             mounts = container.get("volumeMounts")
             if isinstance(mounts, list):
-                yield from _mount_findings(kind, container, mounts, subject, reads)
+                yield from _mount_findings(kind, container, mounts, subject, reads, read_only)
+
+
+def _names_visible(container: Mapping[str, Any]) -> bool:
+    """Some env entry of ``container`` is NVIDIA_VISIBLE_DEVICES (raw-visible-devices
+    judges its value)."""
+    env = container.get("env")
+    return isinstance(env, list) and any(
+        isinstance(entry, MAPPINGS) and entry.get("name") == "NVIDIA_VISIBLE_DEVICES"
+        for entry in env
+    )
 
 
 # Any *cdi.k8s.io/ key: the NVIDIA runtime's cdi mode reads the keys under its
@@ -641,7 +781,21 @@ def _loosening(name: str, value: str | None, policy: Policy) -> str | None:
         # ACK's device plugin sets it true only where the node's isolation is off
         # (gpushare-device-plugin allocate.go); from the pod it wins over the plugin's.
         return "switches ACK's cGPU isolation off"
+    elif name == REGION_VARIABLE and (opaque(value) or not region_readable(str(value))):
+        # HAMi's device plugin sets a file in its per-container directory; the pod's
+        # value wins over it (the kubelet appends the pod's env after the plugin's).
+        return (
+            f"hides HAMi-core's region from HAMi's vGPU monitor or shares it; leave it "
+            f"unset, or a .cache file directly in {REGION_DIR}"
+        )
+    elif name == "CUDA_TASK_PRIORITY" and (
+        opaque(value) or str(value).strip() not in _PRIORITY_TEXTS
+    ):
+        return "is no priority HAMi knows (0 high, 1 low); ask for nvidia.com/priority"
     return None
+
+
+_PRIORITY_TEXTS: Final = frozenset(str(p) for p in PRIORITIES)
 
 
 def limit_tampering(subject: Subject) -> Iterator[Finding]:

@@ -36,7 +36,7 @@ import orjson
 
 from webhook.core.cluster import ClusterView
 from webhook.core.decision import Request, decide
-from webhook.core.env import guarded
+from webhook.core.objects import unadmitted_key
 from webhook.core.policy import Action, Policy, match_any
 from webhook.core.workload import as_mapping
 
@@ -123,10 +123,9 @@ _FACTS_DICTIONARY: Final = "".join(
         '"securityContext":{"privileged":"capabilities":{"add":["SYS_ADMIN"]}}',
         '"hostPath":{"path":"/usr/local/vgpu/libvgpu.so","type":"File"}',
         '{"name":"gpushare-vgpu-lock","hostPath":{"path":"/tmp/vgpulock","type":"DirectoryOrCreate"}}',
-        '{"name":"gpushare-vgpu-cache","emptyDir":{}}',
         '{"name":"LD_PRELOAD","value":"/usr/local/vgpu/libvgpu.so"}',
         '{"name":"CUDA_DEVICE_MEMORY_LIMIT_0","value":"m"},{"name":"CUDA_DEVICE_SM_LIMIT","value":"',
-        '{"name":"CUDA_DEVICE_MEMORY_SHARED_CACHE","value":"/usr/local/vgpu/cache/',
+        '{"name":"CUDA_TASK_PRIORITY","value":"1"}',
         '{"name":"GPU_CORE_UTILIZATION_POLICY","value":"default"},{"name":"CUDA_REDIRECT","value":""},',
         '{"name":"ACTIVE_OOM_KILLER","value":"true"},{"name":"NVIDIA_VISIBLE_DEVICES","value":"void"}',
         '"schedulerName":"hami-scheduler","nodeSelector":{',
@@ -264,10 +263,16 @@ def judge_pod(
     )
 
 
-def guarded_keys(data: Mapping[str, str]) -> list[str]:
-    """The guarded names a ConfigMap's or Secret's data holds as keys: what the write-time
-    guard (:mod:`webhook.core.objects`) refuses today."""
-    return sorted(key for key in data if isinstance(key, str) and guarded(key))
+def guarded_keys(
+    data: Mapping[str, str], policy: Policy, kind: Literal["ConfigMap", "Secret"] = "ConfigMap"
+) -> list[str]:
+    """The keys of a ConfigMap's or Secret's data that the write-time guard
+    (:func:`webhook.core.objects.unadmitted_key`) refuses today."""
+    return sorted(
+        key
+        for key, value in data.items()
+        if isinstance(key, str) and unadmitted_key(key, value, kind, policy)
+    )
 
 
 def judge_data(
@@ -282,7 +287,7 @@ def judge_data(
     action = policy.action(GUARDED_DATA_RULE)
     if action == "off" or exempt_namespace(namespace, policy):
         return ()
-    keys = guarded_keys(data)
+    keys = guarded_keys(data, policy, kind)
     if not keys:
         return ()
     listed = ", ".join(keys)

@@ -39,7 +39,9 @@ from cryptography.hazmat.primitives import serialization
 from webhook.certs.files import write_files
 from webhook.certs.issue import generate_ca, generate_serving
 from webhook.core.record import PROBE_LABEL
+from webhook.dev.namespaces import NamespaceFinalizer
 from webhook.files import write_atomic
+from webhook.install.manifests import deploy_root
 from webhook.install.mode import WEBHOOKS, Mode, detect
 
 REPO: Final = Path(__file__).resolve().parents[2]
@@ -48,6 +50,10 @@ _WEBHOOK_TIMEOUT: Final = 30.0
 _PROBE_TIMEOUT: Final = 30.0
 _STOP_TIMEOUT: Final = 15.0
 _LOG_TAIL_LINES: Final = 30
+
+
+# The audit policy an install on 1.36+ needs for `report --audit-log` (deploy/examples).
+_AUDIT_POLICY: Final = deploy_root() / "examples" / "apiserver-audit-policy.yaml"
 
 
 class ClusterError(Exception):
@@ -237,6 +243,7 @@ class DevCluster:
     apiserver_args: tuple[str, ...] = ()
     # The apiserver's serving certificate and key, once start_control_plane wrote them.
     apiserver_pair: tuple[Path, Path] = (Path(), Path())
+    _finalizer: NamespaceFinalizer | None = None
 
     @property
     def server(self) -> str:
@@ -249,6 +256,22 @@ class DevCluster:
     @property
     def ca_file(self) -> Path:
         return self._pki / "ca.crt"
+
+    @property
+    def apiserver_audit_log(self) -> Path:
+        """The apiserver's audit log (audit.k8s.io/v1 events, JSON lines), written under
+        deploy/examples/apiserver-audit-policy.yaml: what the in-apiserver policies decide."""
+        return self.workdir / "apiserver-audit.log"
+
+    def finalize_namespaces(self) -> None:
+        """Empty and finalize deleted Namespaces from now on, as the namespace controller
+        would (no kube-controller-manager runs here): a Namespace left Terminating after an
+        uninstall blocks installing into it again."""
+        finalizer = NamespaceFinalizer(
+            server=self.server, token=self.token, ca_file=str(self.ca_file)
+        )
+        finalizer.start()
+        self._finalizer = finalizer
 
     def _spawn(self, name: str, argv: Sequence[str]) -> _Process:
         log = self.workdir / f"{name}.log"
@@ -347,6 +370,10 @@ class DevCluster:
                 # Privileged pods must reach our webhook to be refused by it, not by this flag.
                 "--allow-privileged=true",
                 "--profiling=false",
+                # What the in-apiserver policies decide, for `report --audit-log`.
+                f"--audit-policy-file={_AUDIT_POLICY}",
+                f"--audit-log-path={self.apiserver_audit_log}",
+                "--audit-log-format=json",
                 *self.apiserver_args,
             ],
         )
@@ -588,6 +615,9 @@ class DevCluster:
         raise ClusterError(f"webhooks not answering through the apiserver: {last}")
 
     def stop(self) -> None:
+        if self._finalizer is not None:
+            self._finalizer.stop()
+            self._finalizer = None
         if self.webhook is not None:
             self.webhook.stop()
         for process in reversed(self.processes):
@@ -640,10 +670,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", help="policy file (default: policies/default.yaml)")
     parser.add_argument("--bin-dir", help="kube-apiserver/etcd directory (default: build them)")
     parser.add_argument(
+        "--bare",
+        action="store_true",
+        help="etcd and kube-apiserver only, nothing of the install registered: a cluster "
+        "to helm install (or kubectl apply) the install into",
+    )
+    parser.add_argument(
         "--no-cel-policies",
         action="store_true",
         help="leave out the CEL rules' ValidatingAdmissionPolicies (the install has them)",
     )
+    parser.add_argument(
+        "--node",
+        action="store_true",
+        help="also run a kubelet node with fake GPUs, kube-scheduler and containerd (root)",
+    )
+    parser.add_argument(
+        "--node-profile",
+        choices=("default", "hardened"),
+        default="default",
+        help="the node's NVIDIA toolkit and device plugin settings (see docs/development.md)",
+    )
+    parser.add_argument("--node-bin-dir", help="the node's binaries (default: build them)")
     args = parser.parse_args(argv)
     policy_source = (
         Path(args.policy) if args.policy else REPO / "webhook" / "policies" / "default.yaml"
@@ -656,31 +704,64 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     workdir = Path(tempfile.mkdtemp(prefix="gpushare-dev-"))
-    # The audit log outlives the cluster: `gpushare-webhook report --audit-log` reads it after.
+    # The audit logs outlive the cluster: `gpushare-webhook report --audit-log` reads them
+    # after (the webhook's, and the apiserver's with what the in-apiserver policies decided).
     kept_audit = workdir.with_name(workdir.name + "-audit.log")
+    kept_apiserver_audit = workdir.with_name(workdir.name + "-apiserver-audit.log")
     # The webhook watches this copy: edit --policy's file and send SIGHUP, or edit this one.
     policy = workdir / "policy.yaml"
     try:
         policy.write_bytes(policy_source.read_bytes())
         bin_dir = find_binaries(args.bin_dir)
-        with running(
-            bin_dir=bin_dir,
-            policy=policy,
-            workdir=workdir,
-            mode=None,
-            cel_policies=not args.no_cel_policies,
-        ) as cluster:
+        if args.bare:
+            return _run_bare(
+                bin_dir=bin_dir,
+                workdir=workdir,
+                kubeconfig=Path(args.kubeconfig),
+                audit=kept_apiserver_audit,
+                stop=stop,
+            )
+        with (
+            running(
+                bin_dir=bin_dir,
+                policy=policy,
+                workdir=workdir,
+                mode=None,
+                cel_policies=not args.no_cel_policies,
+            ) as cluster,
+            contextlib.ExitStack() as stack,
+        ):
             cluster.write_kubeconfig(Path(args.kubeconfig))
+            cluster.finalize_namespaces()
+            node = None
+            if args.node:
+                from webhook.dev.node import Node, find_node_binaries
+
+                node = Node(
+                    cluster=cluster,
+                    bin_dir=find_node_binaries(args.node_bin_dir),
+                    workdir=workdir,
+                    profile=args.node_profile,
+                )
+                stack.callback(node.stop)
+                node.start()
             print(
                 f"ready: kube-apiserver {cluster.server}, webhook {cluster.webhook.url if cluster.webhook else ''}, "
-                f"kubeconfig {args.kubeconfig}, policy {policy}, audit {kept_audit} "
-                "(kept after exit), cluster view and policy reports on"
+                f"kubeconfig {args.kubeconfig}, policy {policy}, audit {kept_audit} and "
+                f"apiserver audit {kept_apiserver_audit} (kept after exit), cluster view and "
+                "policy reports on"
                 + ("" if args.no_cel_policies else ", CEL policies on")
                 + (
                     ""
                     if cluster.mode == WEBHOOKS
                     else ", MutatingAdmissionPolicies on (the webhook is registered only "
                     "for what the cluster view decides, failing open)"
+                )
+                + (
+                    ""
+                    if node is None
+                    else f", node {node.name} ({node.profile} profile, 4 fake GPUs, "
+                    f"started in {node.started_in:.1f}s)"
                 ),
                 flush=True,
             )
@@ -688,13 +769,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for process in cluster.processes:
                     if not process.alive():
                         raise ClusterError(f"{process.name} exited:\n{process.tail()}")
+                if node is not None and node.exited():
+                    raise ClusterError(f"node: {', '.join(node.exited())} exited")
     except (ClusterError, OSError) as exc:
         print(f"dev-cluster: {exc}", file=sys.stderr)
         return 1
     finally:
         with contextlib.suppress(OSError):
             shutil.copyfile(workdir / "audit.log", kept_audit)
+        with contextlib.suppress(OSError):
+            shutil.copyfile(workdir / "apiserver-audit.log", kept_apiserver_audit)
         shutil.rmtree(workdir, ignore_errors=True)
+    return 0
+
+
+def _run_bare(
+    *, bin_dir: Path, workdir: Path, kubeconfig: Path, audit: Path, stop: threading.Event
+) -> int:
+    """etcd and kube-apiserver until ``stop``: the install is the user's to apply (a
+    registration of the dev cluster's own would be one Helm refuses to adopt)."""
+    cluster = DevCluster(workdir=workdir, bin_dir=bin_dir, policy=workdir / "unused.yaml")
+    try:
+        cluster.start_control_plane()
+        cluster.write_kubeconfig(kubeconfig)
+        cluster.finalize_namespaces()
+        print(
+            f"ready: kube-apiserver {cluster.server} ({cluster.detect_mode()} install), "
+            f"kubeconfig {kubeconfig}, nothing installed, apiserver audit {audit} (kept "
+            "after exit); no kubelet runs, so the Deployment's pods never start: "
+            f"helm install gpushare-webhook charts/gpushare-webhook -n gpushare-system "
+            f"--create-namespace --kubeconfig {kubeconfig}",
+            flush=True,
+        )
+        while not stop.wait(0.5):
+            for process in cluster.processes:
+                if not process.alive():
+                    raise ClusterError(f"{process.name} exited:\n{process.tail()}")
+    finally:
+        cluster.stop()
     return 0
 
 

@@ -117,15 +117,31 @@ validates the object before validating admission, and refuses one without them.
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from webhook.core.env import GUARDED_NAMES, GUARDED_PREFIXES
+from webhook.core.env import (
+    CONTAINER_CLASSES,
+    DEVICE_NAMES,
+    DEVICE_PINS,
+    DEVICE_PREFIXES,
+    GUARDED_NAMES,
+    GUARDED_PREFIXES,
+    LIMIT_NAMES,
+    LIMIT_PREFIXES,
+    MANAGED_NAMES,
+    MANAGED_PREFIXES,
+    Channel,
+    ContainerClass,
+)
 from webhook.core.injection import (
-    CACHE_DIR,
     LIBRARY_PATH,
     MODE_ANNOTATION,
     MPS_LIMIT_VARS,
+    REGION_DIR,
+    REGION_SUFFIX,
+    REGION_VARIABLE,
     injection_for,
 )
 from webhook.core.objects import DEVICE_CLASS, ENV_SOURCES
@@ -134,13 +150,14 @@ from webhook.core.policy import (
     DEVICE_CLASS_RESOURCE,
     MODES,
     Action,
+    EnvAllowance,
     Identities,
     Ledger,
     Mode,
     Policy,
     normalised,
 )
-from webhook.core.resources import CONTAINER_KINDS, MAX_COUNT, MAX_GIB, MAX_MIB
+from webhook.core.resources import CONTAINER_KINDS, MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
 from webhook.core.rules import (
     _CONFIG_ROOTS,
     _DEVICE_PARENTS,
@@ -170,11 +187,46 @@ LABELS: Final = {
     "app.kubernetes.io/name": "gpushare-webhook",
     "app.kubernetes.io/part-of": "gpushare",
 }
+# Warn also records the failure in the apiserver's audit log, as the webhook records a warn
+# violation in its own: an audit-first rollout reads either (`report --audit-log`).
 VALIDATION_ACTIONS: Final[Mapping[Action, list[str]]] = {
     "deny": ["Deny"],
-    "warn": ["Warn"],
+    "warn": ["Warn", "Audit"],
     "audit": ["Audit"],
 }
+# The actions whose failures an audit-first rollout counts: their policies also carry one
+# auditAnnotation per rule (audit_annotations), because the apiserver's own
+# validation_failure annotation keeps only the request's first failure.
+RECORDED_ACTIONS: Final = ("warn", "audit")
+
+
+def holds_variable(rule: str) -> str:
+    """The variable that holds whether the object keeps ``rule`` (``holds_privileged_gpu``)."""
+    return "holds_" + rule.replace("-", "_")
+
+
+def audit_annotations(
+    rules: Mapping[str, str], messages: Mapping[str, str]
+) -> tuple[list[Obj], list[Obj]]:
+    """One auditAnnotation per rule of ``rules`` (rule id -> its validation expression):
+    the apiserver records ``<policy name>/<rule id>`` with the rule's message when the
+    object breaks it (and nothing when not), whatever else it breaks. Returns the
+    variables they read (a valueExpression may hold 5120 bytes, less than some rules
+    take) and the annotations."""
+    held = [{"name": holds_variable(rule), "expression": e} for rule, e in rules.items()]
+    annotations = [
+        {
+            "key": rule,
+            # An empty string is no annotation, as null is; the apiserver's type check
+            # refuses a conditional of a string and null.
+            "valueExpression": f"!variables.{holds_variable(rule)} ? "
+            + literal(f"[{rule}] {messages[rule]}")
+            + " : ''",
+        }
+        for rule in rules
+    ]
+    return held, annotations
+
 
 _SERVICE_ACCOUNT: Final = "system:serviceaccount:"
 _TRUTHY: Final = ("1", "true", "yes", "on", "y", "t")
@@ -478,6 +530,18 @@ def _library(policy: Policy) -> str:
     return f"variables.mode != 'vgpu' || variables.containers.exists(c, {served})"
 
 
+def placed_mps(policy: Policy) -> str:
+    """``ModeChoice.placed``: an annotation of mps.placedByAnnotations says mps (its
+    scheduler places the pod by the card's mode; no mps.nodeSelector)."""
+    ann = "variables.annotations"
+    words = [w for w, m in MODE_ALIASES.items() if m == "mps"]
+    terms = [
+        f"({literal(key)} in {ann} && {_stripped_in(f'string({ann}[{literal(key)}])', words)})"
+        for key in sorted(policy.mps_placed_annotations)
+    ]
+    return f"({' || '.join(terms)})" if terms else "false"
+
+
 def _dynamic_mig(policy: Policy) -> str:
     """``ModeChoice.dynamic``: the first mode annotation with a mode as its value is one of
     the policy's dynamicMigAnnotations and says mig, in a pod that asks for a slice."""
@@ -627,9 +691,106 @@ def _legacy(c: str) -> str:
 
 def _spells(prefix: str) -> str:
     """``env.spells_guarded`` of the CEL string ``prefix``."""
+    names = (*GUARDED_NAMES, *DEVICE_NAMES, *LIMIT_NAMES)
+    prefixes = (*GUARDED_PREFIXES, *DEVICE_PREFIXES, *LIMIT_PREFIXES)
     return (
-        f"{_list(GUARDED_NAMES)}.exists(n, n.startsWith({prefix}) && n != {prefix}) || "
-        f"{_list(GUARDED_PREFIXES)}.exists(n, n.startsWith({prefix}) || {prefix}.startsWith(n))"
+        f"{_list(names)}.exists(n, n.startsWith({prefix}) && n != {prefix}) || "
+        f"{_list(prefixes)}.exists(n, n.startsWith({prefix}) || {prefix}.startsWith(n))"
+    )
+
+
+# ------------------------------------------------------------------ the env allowlist
+
+
+def _starts(name: str, prefixes: Iterable[str]) -> list[str]:
+    return [f"{name}.startsWith({literal(p)})" for p in prefixes]
+
+
+def channel_test(name: str, channel: Channel) -> str:
+    """``env.channel_of(name) == channel`` of the CEL string ``name``."""
+    if channel == "devices":
+        terms = [*_starts(name, DEVICE_PREFIXES), f"{name} in {_list(DEVICE_NAMES)}"]
+    else:
+        terms = [f"{name} in {_list(LIMIT_NAMES)}", *_starts(name, LIMIT_PREFIXES)]
+    return " || ".join(terms)
+
+
+def _managed(name: str) -> str:
+    """``env.managed`` of the CEL string ``name``."""
+    terms = [f"{name} in {_list(sorted(MANAGED_NAMES))}", *_starts(name, MANAGED_PREFIXES)]
+    return " || ".join(terms)
+
+
+def slice_test(policy: Policy, c: str) -> str:
+    """Container ``c`` asks for part of a GPU (``rules.container_class`` 'slice')."""
+    parts = sorted(policy.gpu_resources - policy.priority_resources - policy.whole_gpu_resources)
+    listed = [f"r in {_list(parts)}"] if parts else []
+    return asks_test(c, " || ".join([*listed, _mig_test(policy)]))
+
+
+def _items_regex(items: Iterable[str]) -> str:
+    """``EnvAllowance.admits``' comma list: each item, blanks and tabs around it dropped,
+    empty or among ``items``."""
+    words = "|".join(re.escape(item) for item in sorted(items))
+    item = f"[ \\t]*(?:{words})?[ \\t]*"
+    return f"^{item}(?:,{item})*$"
+
+
+def _allowance_test(allowance: EnvAllowance, value: str, opaque: str) -> str:
+    """``EnvAllowance.admits`` of the CEL string ``value`` (unknown where ``opaque`` holds)."""
+    if allowance.items is not None:
+        return f"!({opaque}) && {value}.matches({literal(_items_regex(allowance.items))})"
+    if allowance.values is not None:
+        return f"!({opaque}) && {value} in {_list(allowance.values)}"
+    return "true"
+
+
+def env_admitted(policy: Policy, name: str, value: str, opaque: str, klass: ContainerClass) -> str:
+    """``Policy.env_admits`` of the CEL strings ``name`` = ``value`` (unknown where
+    ``opaque`` holds) in a container of class ``klass``: the entries naming it exactly
+    decide, else those of its longest prefix; an entry for other classes admits nothing."""
+    exact: dict[str, list[EnvAllowance]] = {}
+    prefixed: dict[str, list[EnvAllowance]] = {}
+    for allowance in policy.env_allowances:
+        group = prefixed if allowance.prefix else exact
+        group.setdefault(allowance.name.rstrip("*"), []).append(allowance)
+
+    def any_of(allowances: list[EnvAllowance]) -> str:
+        tests = [
+            f"({_allowance_test(a, value, opaque)})" for a in allowances if klass in a.containers
+        ]
+        return " || ".join(tests) or "false"
+
+    branches = [f"{name} == {literal(n)} ? ({any_of(a)})" for n, a in sorted(exact.items())]
+    branches += [
+        f"{name}.startsWith({literal(p)}) ? ({any_of(prefixed[p])})"
+        for p in sorted(prefixed, key=lambda p: (-len(p), p))
+    ]
+    return " : ".join([*branches, "false"])
+
+
+def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
+    """Some container sets a name of ``channel`` that no rule of its own judges and that
+    the policy's env.allowed does not admit in a container of its class (the class
+    decided once per container, each branch with the allowlist of its class)."""
+
+    # A device pin's value grants nothing (rules._allowlist_finding).
+    pinned = " || ".join(
+        f"(e.name == {literal(name)} && !has(e.valueFrom) && {_value('e')} == {literal(value)})"
+        for name, value in DEVICE_PINS.items()
+    )
+
+    def unadmitted(klass: ContainerClass) -> str:
+        admitted = env_admitted(policy, "e.name", _value("e"), _opaque("e"), klass)
+        return (
+            f"c.env.exists(e, has(e.name) && ({channel_test('e.name', channel)}) && "
+            f"!({_managed('e.name')}) && !({pinned}) && !({admitted}))"
+        )
+
+    return (
+        f"{containers}.exists(c, has(c.env) && (({slice_test(policy, 'c')}) ? "
+        f"{unadmitted('slice')} : ({_asks_for_gpu(policy, 'c')}) ? "
+        f"{unadmitted('whole')} : {unadmitted('none')}))"
     )
 
 
@@ -640,12 +801,17 @@ def _visible_devices(policy: Policy) -> PodTest:
             containers,
             f"e.name == 'NVIDIA_VISIBLE_DEVICES' && (has(e.valueFrom) || !({harmless}))",
         )
-        legacy = f"{containers}.exists(c, ({_legacy('c')}) && !({_asks_for_gpu(policy, 'c')}))"
+        # A legacy container that asks for no GPU gets every GPU; a slice, every capability.
+        legacy = (
+            f"{containers}.exists(c, ({_legacy('c')}) && (!({_asks_for_gpu(policy, 'c')}) || "
+            f"({gpu} && ({slice_test(policy, 'c')}))))"
+        )
         prefixes = (
             f"{containers}.exists(c, has(c.envFrom) && c.envFrom.exists(s, has(s.prefix) && "
             f"s.prefix != '' && ({_spells('s.prefix')})))"
         )
-        return f"({raw}) || ({legacy}) || ({prefixes})"
+        unadmitted = _unadmitted_env(policy, containers, "devices")
+        return f"({raw}) || ({legacy}) || ({prefixes}) || ({unadmitted})"
 
     return test
 
@@ -661,6 +827,9 @@ def loosening(policy: Policy, entry: str) -> str:
         f"{name} == 'CUDA_REDIRECT' && ({opaque} || {value} != '')",
         f"{name} == 'ACTIVE_OOM_KILLER' && ({opaque} || {_stripped_in(value, _FALSY)})",
         f"{name} == 'CGPU_DISABLE' && ({opaque} || !({_stripped_in(value, _FALSY)}))",
+        f"{name} == {literal(REGION_VARIABLE)} && ({opaque} || !({region_readable(value)}))",
+        f"{name} == 'CUDA_TASK_PRIORITY' && ({opaque} || "
+        f"!({_stripped_in(value, [str(p) for p in PRIORITIES])}))",
     ]
     if not policy.allow_disable_core_utilization_policy:
         disable = _stripped_in(value, ("disable",))
@@ -668,9 +837,23 @@ def loosening(policy: Policy, entry: str) -> str:
     return " || ".join(f"({t})" for t in terms)
 
 
+def region_readable(value: str) -> str:
+    """``injection.region_readable`` of the CEL string ``value``: its segments, without
+    empty ones and ``.``, are those of REGION_DIR and one ``.cache`` name."""
+    wanted = REGION_DIR.strip("/").split("/")
+    parts = " && ".join(f"g[{i}] == {literal(part)}" for i, part in enumerate(wanted))
+    name = f"g[{len(wanted)}]"
+    return (
+        f"{value}.startsWith('/') && [{value}.split('/').filter(s, s != '' && s != '.')]"
+        f".exists(g, size(g) == {len(wanted) + 1} && {parts} && "
+        f"{name}.endsWith({literal(REGION_SUFFIX)}) && !{name}.contains('libvgpu.so'))"
+    )
+
+
 def _switches(policy: Policy) -> PodTest:
     def test(containers: str, gpu: str, spec: str) -> str:
-        return f"{gpu} && " + _env_exists(containers, loosening(policy, "e"))
+        switched = _env_exists(containers, loosening(policy, "e"))
+        return f"{gpu} && (({switched}) || ({_unadmitted_env(policy, containers, 'limits')}))"
 
     return test
 
@@ -852,9 +1035,17 @@ def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotatio
         f"(has({spec}.hostIPC) && {spec}.hostIPC == true && "
         "!(variables.mode == 'mps' && variables.sharing)))"
     )
-    return (
-        f"({_host_paths(policy, containers, gpu, spec)}) || ({mounts}) || ({cdi}) || ({namespaces})"
-    )
+    terms = [_host_paths(policy, containers, gpu, spec), mounts, cdi, namespaces]
+    if policy.gpu_runtime_classes:
+        # A container under a GPU runtime class that asks for no GPU and lacks the void
+        # (rules._container_findings; the mutation voids containers and init containers).
+        classes = _list(sorted(policy.gpu_runtime_classes))
+        terms.append(
+            f"has({spec}.runtimeClassName) && {spec}.runtimeClassName in {classes} && "
+            f"{containers}.exists(c, !({_asks_for_gpu(policy, 'c')}) && "
+            f"!(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)})))"
+        )
+    return " || ".join(f"({t})" for t in terms)
 
 
 def _runtime_annotations(policy: Policy, annotations: str) -> str:
@@ -915,6 +1106,12 @@ _PRIORITY: Final = "^-?[0-9]{1,9}$"
 _NO_PRIORITY: Final = -(10**10)
 
 
+def _priority_valid(v: str) -> str:
+    """``_read_sharing`` takes the quantity text ``v`` as a priority: an integer HAMi
+    documents (resources.PRIORITIES)."""
+    return f"{v}.matches({literal(_PRIORITY)}) && int({v}) in {_list_ints(PRIORITIES)}"
+
+
 def _parts(c: str, body: str) -> str:
     """``body`` (a boolean) with ``L`` and ``R`` bound to container ``c``'s limits and
     requests (a one-element list binds a name: the apiserver's CEL has no cel.bind)."""
@@ -972,7 +1169,7 @@ def _units(policy: Policy) -> list[tuple[str, int, int]]:
 
 def _valid(policy: Policy, v: str) -> str:
     """The quantity text ``v`` of GPU resource ``r`` is what its unit allows."""
-    expression = f"{v}.matches({literal(_PRIORITY)})"
+    expression = _priority_valid(v)
     for test, low, high in reversed(_units(policy)):
         expression = f"({test}) ? ({_whole(v, low, high)}) : ({expression})"
     return expression
@@ -1026,7 +1223,7 @@ def _ask(policy: Policy, c: str, *, init: bool = False, only: Iterable[str] = ()
     cores = f"{_asked(policy.cores_resources)}.map(r, {_amount(_ASKED, 1, 100)})"
     percentage = f"{_asked(policy.memory_percentage_resources)}.map(r, {_amount(_ASKED, 1, 100)})"
     priority = (
-        f"{_asked(policy.priority_resources)}.map(r, {_ASKED}.matches({literal(_PRIORITY)}) ? "
+        f"{_asked(policy.priority_resources)}.map(r, {_priority_valid(_ASKED)} ? "
         f"int({_ASKED}) : {_NO_PRIORITY}).filter(x, x != {_NO_PRIORITY})"
     )
     mig = f"L.exists(r, {_mig_test(policy)}) || R.exists(r, {_mig_test(policy)})"
@@ -1121,7 +1318,7 @@ def _mode_conflict(policy: Policy) -> str:
     )
     for key, wanted in policy.mps_node_selector.items():
         terms.append(
-            f"{mode} == 'mps' && {literal(key)} in {_SELECTOR} && "
+            f"{mode} == 'mps' && !{placed_mps(policy)} && {literal(key)} in {_SELECTOR} && "
             f"string({_SELECTOR}[{literal(key)}]) != {literal(wanted)}"
         )
     allowed = " || ".join(
@@ -1255,8 +1452,6 @@ def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
     )
     tests.append(_env_is("'CUDA_REDIRECT'", "''"))
     tests.append(_env_holds("'ACTIVE_OOM_KILLER'", "v in ['true', '1']"))
-    cache = f"{literal(CACHE_DIR + '/')} + c.name + '.cache'"
-    tests.append(_env_is("'CUDA_DEVICE_MEMORY_SHARED_CACHE'", cache))
     tests.append(_env_is("'CUDA_TASK_PRIORITY'", "string(a['p'])"))
     # mutation.stray_env: a vGPU limit variable the wanted set does not own. A memory
     # percentage's per-GPU limits are owned too: the webhook's cluster view turns the
@@ -1308,7 +1503,12 @@ def _container_mutated(policy: Policy, mode: Mode) -> str:
         f"{literal(mount['mountPath'])} && {_same_mount('m', mount)})"
         for mount in injection.mounts
     ]
-    env = " && ".join(f"({t})" for t in _wanted_env(policy, mode))
+    wanted = _wanted_env(policy, mode)
+    if policy.device_pins:
+        # The device pins: present in a slice container (env.allowed judges the value).
+        names = _list(name for name, _ in policy.device_pins)
+        wanted.append(f"!({slice_test(policy, 'c')}) || {names}.all(n, n in names)")
+    env = " && ".join(f"({t})" for t in wanted)
     ask = _ask(policy, "c", only=("g", "m", "k", "p", "pct"))
     return (
         _ENV_BINDINGS.format(body=f"[{ask}].exists(a, {env})")
@@ -1334,7 +1534,8 @@ def _mode_mutated(policy: Policy, mode: Mode) -> str:
     if mode == "mps":
         terms.append(f"has({spec}.hostIPC) && {spec}.hostIPC == true")
         terms.extend(
-            f"has({spec}.nodeSelector) && {literal(key)} in {spec}.nodeSelector"
+            f"{placed_mps(policy)} || (has({spec}.nodeSelector) && "
+            f"{literal(key)} in {spec}.nodeSelector)"
             for key in policy.mps_node_selector
         )
     containers = (
@@ -1642,13 +1843,22 @@ POLICY_NAMES: Final = tuple(
 # ------------------------------------------------------------------- written sources
 
 
-def _env_source_expression() -> str:
-    """raw-visible-devices of a ConfigMap or Secret: no key is a guarded name
-    (``env.guarded``). The apiserver folds a Secret's stringData into data first."""
-    kinds = _list(sorted(ENV_SOURCES))
-    test = f"k in {_list(GUARDED_NAMES)} || " + " || ".join(
+def _env_source_expression(policy: Policy) -> str:
+    """raw-visible-devices of a ConfigMap or Secret (``objects.unadmitted_key``): no key is
+    a guarded name, or a name of a guarded channel that env.allowed does not admit in every
+    class of container (a Secret's values unread). The apiserver folds a Secret's
+    stringData into data first."""
+    guarded = f"k in {_list(GUARDED_NAMES)} || " + " || ".join(
         f"k.startsWith({literal(p)})" for p in GUARDED_PREFIXES
     )
+    channels = f"({channel_test('k', 'devices')}) || ({channel_test('k', 'limits')})"
+    unread = "request.kind.kind == 'Secret'"
+    anywhere = " && ".join(
+        f"({env_admitted(policy, 'k', 'object.data[k]', unread, klass)})"
+        for klass in CONTAINER_CLASSES
+    )
+    test = f"({guarded}) || (({channels}) && !({anywhere}))"
+    kinds = _list(sorted(ENV_SOURCES))
     return f"!(request.kind.kind in {kinds} && has(object.data) && object.data.exists(k, {test}))"
 
 
@@ -1727,10 +1937,12 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
     """Per action some rendered rule takes (deny, warn, audit; off is left out): one
     ValidatingAdmissionPolicy holding each such rule as a validation, and its binding."""
     by_action: dict[Action, list[Obj]] = {}
+    expressions: dict[Action, dict[str, str]] = {}
     for rule, expression in rule_expressions(policy).items():
         action = policy.action(rule)
         if action == "off":
             continue
+        expressions.setdefault(action, {})[rule] = expression
         by_action.setdefault(action, []).append(
             {
                 "expression": expression,
@@ -1760,6 +1972,9 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
             spec["matchConditions"] = [dict(c) for c in conditions]
         spec["variables"] = [dict(v) for v in shared]
         spec["validations"] = validations
+        if action in RECORDED_ACTIONS:
+            held, spec["auditAnnotations"] = audit_annotations(expressions[action], MESSAGES)
+            spec["variables"].extend(held)
         objects.append(
             {
                 "apiVersion": API_VERSION,
@@ -1823,13 +2038,15 @@ def _source_policies(policy: Policy, namespace: str) -> list[Obj]:
     policy of their own so that a ConfigMap write evaluates two expressions, not the pod
     rules' variables."""
     expressions = {
-        "raw-visible-devices": _env_source_expression(),
+        "raw-visible-devices": _env_source_expression(policy),
         "gpu-claim": _claim_expression(policy),
     }
     by_action: dict[Action, list[Obj]] = {}
+    recorded: dict[Action, dict[str, str]] = {}
     for rule, expression in expressions.items():
         action = policy.action(rule)
         if action != "off":
+            recorded.setdefault(action, {})[rule] = expression
             by_action.setdefault(action, []).append(
                 {
                     "expression": expression,
@@ -1849,17 +2066,22 @@ def _source_policies(policy: Policy, namespace: str) -> list[Obj]:
         if not validations:
             continue
         name = policy_name(action, sources=True)
+        spec: Obj = {
+            "failurePolicy": "Fail",
+            "matchConstraints": _source_constraints(namespace),
+            "matchConditions": [dict(c) for c in conditions],
+            "validations": validations,
+        }
+        if action in RECORDED_ACTIONS:
+            spec["variables"], spec["auditAnnotations"] = audit_annotations(
+                recorded[action], SOURCE_MESSAGES
+            )
         objects.append(
             {
                 "apiVersion": API_VERSION,
                 "kind": POLICY_KIND,
                 "metadata": {"name": name, "labels": dict(LABELS)},
-                "spec": {
-                    "failurePolicy": "Fail",
-                    "matchConstraints": _source_constraints(namespace),
-                    "matchConditions": [dict(c) for c in conditions],
-                    "validations": validations,
-                },
+                "spec": spec,
             }
         )
         objects.append(

@@ -27,6 +27,7 @@ import yaml
 
 from webhook.core.policy import API_VERSION, KIND, Policy
 from webhook.install import celpolicy, mutatingpolicy
+from webhook.install.fingerprint import CONDITIONS_KEY, fingerprint_loader, spec_fingerprint, stamp
 from webhook.install.mode import APISERVER, WEBHOOKS, Mode
 from webhook.install.scope import MatchCondition, match_conditions, view_conditions
 
@@ -40,6 +41,9 @@ DEFAULT_OVERLAY: Final = "self-managed"
 OVERLAYS: Final = ("self-managed", "cert-manager")
 # The 1.36+ install (webhook.install.mode): no webhook, so no choice of certificates.
 APISERVER_OVERLAY: Final = "apiserver"
+# The installs with the cluster view on (serve --cluster --reports), per mode: deploy/cluster-view
+# (the self-managed webhook install) and overlays/apiserver-cluster-view.
+VIEW_OVERLAYS: Final = {"webhooks": "cluster-view", "apiserver": "apiserver-cluster-view"}
 CONTAINER: Final = "webhook"
 WEBHOOK_KINDS: Final = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
 
@@ -98,15 +102,25 @@ def report_crds() -> list[Obj]:
 
 
 def overlay_dir(overlay: str = DEFAULT_OVERLAY) -> Path:
-    if overlay not in (*OVERLAYS, APISERVER_OVERLAY):
+    if overlay == VIEW_OVERLAYS[WEBHOOKS]:
+        return deploy_root() / overlay
+    if overlay not in (*OVERLAYS, APISERVER_OVERLAY, VIEW_OVERLAYS[APISERVER]):
         raise ManifestError(f"unknown overlay {overlay!r}; choose one of {', '.join(OVERLAYS)}")
     return deploy_root() / "overlays" / overlay
 
 
-def overlay_for(mode: Mode, overlay: str | None = None) -> str:
+def overlay_for(mode: Mode, overlay: str | None = None, *, cluster_view: bool = False) -> str:
     """The overlay that installs ``mode``: ``overlay`` (the certificates' choice, default
     self-managed) in the webhook mode; in the apiserver mode its own, which registers no
-    webhook and so has no certificates to choose."""
+    webhook and so has no certificates to choose. ``cluster_view``: that mode's install
+    with the cluster view on (self-managed certificates)."""
+    if cluster_view:
+        if overlay not in (None, DEFAULT_OVERLAY):
+            raise ManifestError(
+                f"--overlay {overlay} with --cluster-view: the cluster view's install keeps "
+                "its own certificates (self-managed); the Helm chart has it with cert-manager"
+            )
+        return VIEW_OVERLAYS[mode]
     if mode == WEBHOOKS:
         return overlay or DEFAULT_OVERLAY
     if overlay not in (None, DEFAULT_OVERLAY):
@@ -384,10 +398,11 @@ def set_match_conditions(objects: Iterable[Obj], policy: Policy) -> None:
                 hook["matchConditions"] = [dict(c) for c in match_conditions(policy)]
 
 
-def set_cel_policies(objects: list[Obj], policy: Policy) -> None:
+def set_cel_policies(objects: list[Obj], policy: Policy, *, fingerprint: str) -> None:
     """Replace the Validating- and MutatingAdmissionPolicies and their bindings in
     ``objects`` (in place) by those of ``policy`` (:mod:`webhook.install.celpolicy`,
-    :mod:`webhook.install.mutatingpolicy`), each kind where its first one stood; a kind
+    :mod:`webhook.install.mutatingpolicy`), each kind where its first one stood, marked
+    with the policy's ``fingerprint`` (:mod:`webhook.install.fingerprint`); a kind
     ``objects`` does not hold stays out."""
     for kinds, rendered in (
         (celpolicy.KINDS, celpolicy.validating_policies),
@@ -398,7 +413,9 @@ def set_cel_policies(objects: list[Obj], policy: Policy) -> None:
             continue
         at = positions[0]
         kept = [obj for obj in objects if obj["kind"] not in kinds]
-        kept[at:at] = rendered(policy)
+        fresh = rendered(policy)
+        stamp(fresh, fingerprint)
+        kept[at:at] = fresh
         # Stable: the rest keeps its order, the new objects take kustomize's.
         objects[:] = sorted(kept, key=_sort_key)
 
@@ -415,16 +432,32 @@ def set_view_scope(objects: Iterable[Obj], policy: Policy) -> None:
                 hook["failurePolicy"] = "Ignore"
 
 
-def cel_policies(policy: Policy) -> list[Obj]:
+def cel_policies(policy: Policy, *, fingerprint: str | None = None) -> list[Obj]:
     """The ValidatingAdmissionPolicies and bindings of ``policy``, as the install has
-    them (what the dev cluster creates; :mod:`webhook.install.celpolicy`)."""
-    return celpolicy.validating_policies(policy)
+    them (what the dev cluster creates; :mod:`webhook.install.celpolicy`), marked with
+    ``fingerprint`` when given."""
+    objects = celpolicy.validating_policies(policy)
+    if fingerprint is not None:
+        stamp(objects, fingerprint)
+    return objects
 
 
-def mutating_policies(policy: Policy) -> list[Obj]:
+def mutating_policies(policy: Policy, *, fingerprint: str | None = None) -> list[Obj]:
     """The MutatingAdmissionPolicies and bindings of ``policy``, as the 1.36+ install has
-    them (what the dev cluster creates there; :mod:`webhook.install.mutatingpolicy`)."""
-    return mutatingpolicy.mutating_policies(policy)
+    them (what the dev cluster creates there; :mod:`webhook.install.mutatingpolicy`),
+    marked with ``fingerprint`` when given."""
+    objects = mutatingpolicy.mutating_policies(policy)
+    if fingerprint is not None:
+        stamp(objects, fingerprint)
+    return objects
+
+
+def conditions_text(conditions: Sequence[MatchCondition], *, fingerprint: str) -> str:
+    """matchConditions as ``manifests --print-match-conditions`` prints them and the chart
+    reads them (policy.matchConditions): with the fingerprint of the policy they scope."""
+    return to_yaml(
+        [{CONDITIONS_KEY: fingerprint, "matchConditions": [dict(c) for c in conditions]}]
+    )
 
 
 CEL_POLICIES_FILE: Final = "celpolicies.yaml"
@@ -455,9 +488,11 @@ MUTATING_POLICIES_HEADER: Final = """\
 """
 
 
-def mutating_policies_text(policy: Policy) -> str:
-    """The text of deploy/mutatingpolicies/mutatingpolicies.yaml for ``policy``."""
-    return MUTATING_POLICIES_HEADER + "---\n" + to_yaml(mutatingpolicy.mutating_policies(policy))
+def mutating_policies_text(policy: Policy, *, fingerprint: str) -> str:
+    """The text of deploy/mutatingpolicies/mutatingpolicies.yaml for ``policy`` (whose
+    document's fingerprint is ``fingerprint``)."""
+    objects = mutating_policies(policy, fingerprint=fingerprint)
+    return MUTATING_POLICIES_HEADER + "---\n" + to_yaml(objects)
 
 
 VIEW_PATCH_FILE: Final = "view-scope.yaml"
@@ -487,9 +522,60 @@ def view_patch_text(policy: Policy) -> str:
     )
 
 
-def cel_policies_text(policy: Policy) -> str:
-    """The text of deploy/base/celpolicies.yaml for ``policy``."""
-    return CEL_POLICIES_HEADER + "---\n" + to_yaml(celpolicy.validating_policies(policy))
+def cel_policies_text(policy: Policy, *, fingerprint: str) -> str:
+    """The text of deploy/base/celpolicies.yaml for ``policy`` (whose document's
+    fingerprint is ``fingerprint``)."""
+    return CEL_POLICIES_HEADER + "---\n" + to_yaml(cel_policies(policy, fingerprint=fingerprint))
+
+
+HELM_VALUES_HEADER: Final = """\
+# GENERATED by `gpushare-webhook manifests --helm-values --policy {source}`.
+# The policy and every admission object rendered from it (the webhooks' scope, the
+# cluster view's, the ValidatingAdmissionPolicies, the MutatingAdmissionPolicies), for
+#   helm install ... --values THIS-FILE
+# The chart refuses a policy whose admission objects were rendered from another one:
+# after editing the policy, render this file again.
+"""
+
+
+def helm_values_text(
+    policy: Policy,
+    text: str,
+    *,
+    source: str,
+    as_spec: bool = False,
+    existing_config_map: str | None = None,
+) -> str:
+    """Helm values that install ``policy`` (its YAML ``text``, from ``source``) with every
+    admission object rendered from it, each marked with its fingerprint, which the chart
+    checks against the policy it installs. The policy goes in as ``policy.file``, with
+    ``as_spec`` as a ``policy.spec`` values block, with ``existing_config_map`` not at all
+    (that ConfigMap of the user's holds it). The in-apiserver policies are rendered for
+    the base namespace; the chart moves them to the release's."""
+    fingerprint = spec_fingerprint(text)
+    given: Obj
+    if existing_config_map is not None:
+        given = {"existingConfigMap": existing_config_map}
+    elif as_spec:
+        document = yaml.load(text, Loader=fingerprint_loader())  # noqa: S506 - a SafeLoader
+        given = {"spec": (document.get("spec") if isinstance(document, dict) else None) or {}}
+    else:
+        given = {"file": text}
+    values = {
+        "policy": {
+            **given,
+            "matchConditions": conditions_text(match_conditions(policy), fingerprint=fingerprint),
+            "viewMatchConditions": conditions_text(
+                view_conditions(policy), fingerprint=fingerprint
+            ),
+        },
+        "celPolicies": {"manifests": to_yaml(cel_policies(policy, fingerprint=fingerprint))},
+        "mutatingPolicies": {
+            "manifests": to_yaml(mutating_policies(policy, fingerprint=fingerprint))
+        },
+    }
+    body = yaml.dump(values, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=100)
+    return HELM_VALUES_HEADER.format(source=source) + body
 
 
 def policy_yaml(policy: Policy) -> str:
@@ -540,7 +626,11 @@ def render(
     objects = build(overlay_dir(overlay))
     if policy is not None:
         set_policy(objects, policy, policy_text)
-        set_cel_policies(objects, policy)
+        text = policy_text if policy_text is not None else policy_yaml(policy)
+        set_cel_policies(objects, policy, fingerprint=spec_fingerprint(text))
+        if overlay == VIEW_OVERLAYS[APISERVER]:
+            # Registered only for what the view decides there, failing open.
+            set_view_scope(objects, policy)
     if namespace is not None and namespace != BASE_NAMESPACE:
         set_namespace(objects, namespace)
     if image is not None:

@@ -15,7 +15,8 @@ Two policies, each for pods and the workload kinds' pod templates:
   implied count resource; in every mode the void for the containers that ask for no
   GPU.
 - ``gpushare-void`` (failurePolicy Ignore), for objects that ask for no GPU but name
-  ``CUDA_VERSION`` or an ``NVIDIA_*`` variable: the void, and nothing else. Ignore, so
+  ``CUDA_VERSION`` or an ``NVIDIA_*`` variable or run under one of the policy's GPU
+  runtime classes: the void, and nothing else. Ignore, so
   that a CEL error never blocks a pod that shares no GPU; the raw-visible-devices
   validation still refuses a legacy container left without it.
 
@@ -52,7 +53,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Final
 
 from webhook.core.injection import (
-    CACHE_DIR,
     LIBRARY_PATH,
     MODE_ANNOTATION,
     Injection,
@@ -60,7 +60,7 @@ from webhook.core.injection import (
 )
 from webhook.core.mutation import VOID
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
-from webhook.core.resources import MAX_COUNT, MAX_GIB, MAX_MIB
+from webhook.core.resources import MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
 from webhook.core.whole import REQUIRED
 from webhook.core.workload import KINDS_BY_PATH
 from webhook.install import celpolicy
@@ -166,9 +166,11 @@ def _priority(policy: Policy) -> str:
     """The priority resource's value as text, or HAMi-core's default 1."""
     if not policy.priority_resources:
         return "'1'"
+    documented = ", ".join(str(p) for p in PRIORITIES)
     return (
         f"cel.bind(v, {_values(policy.priority_resources)}, size(v) > 0 && "
-        "string(v[0]).matches('^-?[0-9]{1,9}$') ? string(int(string(v[0]))) : '1')"
+        "string(v[0]).matches('^-?[0-9]{1,9}$') && "
+        f"int(string(v[0])) in [{documented}] ? string(int(string(v[0]))) : '1')"
     )
 
 
@@ -210,13 +212,8 @@ def _vgpu_wants(policy: Policy) -> str:
     )
     loose = f"has(c.env) && c.env.exists(e, {celpolicy.loosening(policy, 'e')})"
     parts.append(f"({loose} ? [] : [{', '.join(switches)}])")
-    fixed = (
-        _entry(
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE", f"{literal(CACHE_DIR + '/')} + c.name + '.cache'"
-        ),
-        _entry("CUDA_TASK_PRIORITY", _priority(policy)),
-    )
-    parts.append("[" + ", ".join(fixed) + "]")
+    # No CUDA_DEVICE_MEMORY_SHARED_CACHE: the device plugin's own value stands.
+    parts.append(f"[{_entry('CUDA_TASK_PRIORITY', _priority(policy))}]")
     return " + ".join(parts)
 
 
@@ -226,6 +223,17 @@ def _mps_wants(policy: Policy) -> str:
         "lists.range(g).map(i, string(i) + '=' + string(m) + 'M').join(',')}] : []) + "
         "(k > 0 ? [{'name': 'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', 'value': string(k)}] : []) + "
         f"[{_entry('CUDA_MPS_PIPE_DIRECTORY', literal(policy.mps_pipe_directory))}]"
+    )
+
+
+def _pin_wants(policy: Policy) -> str:
+    """``mutation._PINS`` of a slice container ``c``: each device pin it does not set."""
+    if not policy.device_pins:
+        return "[]"
+    pins = ", ".join(_entry(name, literal(value)) for name, value in policy.device_pins)
+    return (
+        f"(({celpolicy.slice_test(policy, 'c')}) ? [{pins}].filter(w, "
+        "!(has(c.env) && c.env.exists(e, e.name == w['name']))) : [])"
     )
 
 
@@ -240,7 +248,8 @@ def container_wants(policy: Policy) -> str:
     return (
         f"{_BIND_PARTS}cel.bind(g, cel.bind(n, {counts}, n > 0 ? n : 1), "
         f"cel.bind(m, cel.bind(x, {mib}, x > 0 ? x : {gib}), cel.bind(k, {cores}, "
-        f"variables.mode == 'vgpu' ? ({_vgpu_wants(policy)}) : ({_mps_wants(policy)}))))))"
+        f"{_pin_wants(policy)} + (variables.mode == 'vgpu' ? ({_vgpu_wants(policy)}) : "
+        f"({_mps_wants(policy)})))))))"
     )
 
 
@@ -578,11 +587,13 @@ def _node_selector(policy: Policy) -> str:
         + "}"
     )
     keys = _list(policy.mps_node_selector)
+    # A pod its scheduler places by the card's mode gets none (ModeChoice.placed).
     return (
+        f"({celpolicy.placed_mps(policy)} ? [] : "
         f"(has({spec}.nodeSelector) ? {keys}.filter(k, !(k in {spec}.nodeSelector)).map(k, "
         "JSONPatch{op: 'add', path: variables.pointer + '/nodeSelector/' + "
         f"jsonpatch.escapeKey(k), value: {table}[k]}}) : [JSONPatch{{op: 'add', "
-        f"path: variables.pointer + '/nodeSelector', value: {table}}}])"
+        f"path: variables.pointer + '/nodeSelector', value: {table}}}]))"
     )
 
 
@@ -619,9 +630,15 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
     # longer one) is never evaluated.
     nvidia = (
         f"({containers}).exists(c, has(c.env) && "
-        "c.env.exists(e, e.name == 'CUDA_VERSION' || e.name.startsWith('NVIDIA_'))) && "
-        f"!({gpu})"
+        "c.env.exists(e, e.name == 'CUDA_VERSION' || e.name.startsWith('NVIDIA_')))"
     )
+    if policy.gpu_runtime_classes:
+        # mutation.needs_void: under a GPU runtime class every container without a GPU.
+        runtime = f"has(({spec_of}).runtimeClassName) && " + (
+            f"({spec_of}).runtimeClassName in {_list(sorted(policy.gpu_runtime_classes))}"
+        )
+        nvidia = f"({runtime}) || {nvidia}"
+    nvidia = f"({nvidia}) && !({gpu})"
     patch = _by_mode(
         {
             "vgpu": f"(variables.library ? {_removals(policy, 'vgpu')} : [])",
@@ -652,7 +669,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         "matchConstraints": constraints,
         "matchConditions": [
             *exemptions,
-            {"name": "gpushare.io/names-nvidia-env", "expression": nvidia},
+            {"name": "gpushare.io/needs-void", "expression": nvidia},
         ],
         "reinvocationPolicy": "IfNeeded",
         "variables": [v for v in shared if v["name"] in ("spec", "voided")],

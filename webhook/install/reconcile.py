@@ -41,6 +41,7 @@ import orjson
 from webhook.core.policy import Policy
 from webhook.install import celpolicy, mutatingpolicy
 from webhook.install.celpolicy import LABELS
+from webhook.install.fingerprint import spec_fingerprint, stamp
 from webhook.install.mode import APISERVER, install_mode, served_kinds
 from webhook.install.scope import MatchCondition, match_conditions, view_conditions
 
@@ -117,13 +118,16 @@ class ScopeKeeper:
         self._missing: set[str] = set()
         self._foreign: set[tuple[str, str]] = set()
 
-    def reconcile(self, policy: Policy) -> list[str]:
-        """Bring the cluster in line with ``policy``; what was changed, one line each."""
-        changes = self._reconcile_family(self._validating(), policy)[1]
+    def reconcile(self, policy: Policy, *, text: str | None = None) -> list[str]:
+        """Bring the cluster in line with ``policy`` (whose YAML is ``text``, when known:
+        what is rendered carries its fingerprint, as the install's objects do); what was
+        changed, one line each."""
+        mark = spec_fingerprint(text) if text is not None else None
+        changes = self._reconcile_family(self._validating(), policy, mark)[1]
         mutating: list[str] = []
         carried = False
         if install_mode(served_kinds(self._api_client, timeout=self._timeout)) == APISERVER:
-            carried, mutating = self._reconcile_family(self._mutating(), policy)
+            carried, mutating = self._reconcile_family(self._mutating(), policy, mark)
         changes.extend(mutating)
         changes[:0] = self._reconcile_conditions(
             view_conditions(policy) if carried else match_conditions(policy),
@@ -225,7 +229,9 @@ class ScopeKeeper:
     def _mutating(self) -> _Family:
         return self._family(mutatingpolicy, "mutating", mutatingpolicy.mutating_policies)
 
-    def _reconcile_family(self, family: _Family, policy: Policy) -> tuple[bool, list[str]]:
+    def _reconcile_family(
+        self, family: _Family, policy: Policy, mark: str | None = None
+    ) -> tuple[bool, list[str]]:
         """Whether the install carries ``family``, and what was changed of it."""
         from kubernetes.client.exceptions import ApiException
 
@@ -252,7 +258,10 @@ class ScopeKeeper:
             present[kind] = {o["metadata"]["name"]: o for o in listed.get("items") or []}
         if not any(present.values()):
             return False, []
-        wanted = [_stamped(obj) for obj in family.render(policy, namespace=self.namespace)]
+        rendered = family.render(policy, namespace=self.namespace)
+        if mark is not None:
+            stamp(rendered, mark)
+        wanted = [_stamped(obj) for obj in rendered]
         changes = []
         # Policies before their bindings when applying; bindings first when deleting, so
         # that a binding never names a policy that is gone.

@@ -22,6 +22,8 @@ condition that catches it:
   GPU device classes (counted as a GPU request above). ConfigMaps, Secrets and DRA
   objects are judged by the ValidatingAdmissionPolicies (:mod:`webhook.install.celpolicy`),
   not sent to the webhooks.
+- the void and host-device-access under a GPU runtime class (any pod): a
+  ``runtimeClassName`` of the policy's ``runtimeClasses.gpu``.
 - host namespaces, CAP_SYS_ADMIN, claims beside sharing resources (judged by the claim's
   device class, with the cluster view): only in GPU pods, which are sent already.
 - host-device-access (any pod): any hostPath volume (the protected paths are compared
@@ -53,8 +55,8 @@ import json
 from collections.abc import Callable, Iterable, Sequence
 from typing import Final, TypedDict
 
+from webhook.core.env import DEVICE_PREFIXES
 from webhook.core.injection import (
-    VOLUME_CACHE,
     VOLUME_LIBRARY,
     VOLUME_LOCK,
     VOLUME_MPS_PIPE,
@@ -73,7 +75,6 @@ NVIDIA_PREFIX: Final = "NVIDIA_"
 INJECTED_VOLUMES: Final = (
     VOLUME_LIBRARY,
     VOLUME_LOCK,
-    VOLUME_CACHE,
     VOLUME_PRELOAD,
     VOLUME_MPS_PIPE,
 )
@@ -162,10 +163,12 @@ def _container_test(policy: Policy, c: str) -> str:
             f"has({c}.resources) && ("
             f"(has({c}.resources.limits) && {c}.resources.limits.exists(r, {gpu})) || "
             f"(has({c}.resources.requests) && {c}.resources.requests.exists(r, {gpu})))",
-            # NVIDIA_VISIBLE_DEVICES is judged; CUDA_VERSION and the other NVIDIA_* names
-            # get the containers that ask for no GPU their void.
+            # The toolkit's names (env.DEVICE_PREFIXES) are judged in any pod; CUDA_VERSION
+            # and the NVIDIA_* names get the containers that ask for no GPU their void.
             f"has({c}.env) && {c}.env.exists(e, has(e.name) && "
-            f"(e.name == {literal(CUDA_VERSION)} || e.name.startsWith({literal(NVIDIA_PREFIX)})))",
+            f"(e.name == {literal(CUDA_VERSION)} || "
+            + " || ".join(f"e.name.startsWith({literal(p)})" for p in DEVICE_PREFIXES)
+            + "))",
             # A prefix can spell a guarded name from a key the write-time guard allowed.
             f"has({c}.envFrom) && {c}.envFrom.exists(s, has(s.prefix) && s.prefix != '')",
             # A path the GPU stack reads cleans to its root or below only if the mountPath
@@ -184,14 +187,19 @@ def _every_container(spec: str) -> str:
 
 
 def _spec_test(policy: Policy, spec: str) -> str:
-    """Pod spec ``spec`` has a relevant container of any kind or a relevant volume."""
-    return _any(
-        [
-            f"({_every_container(spec)}).exists(c, {_container_test(policy, 'c')})",
-            f"has({spec}.volumes) && {spec}.volumes.exists(v, has(v.hostPath) || "
-            f"(has(v.name) && v.name in {_list(INJECTED_VOLUMES)}))",
-        ]
-    )
+    """Pod spec ``spec`` has a relevant container of any kind or a relevant volume, or
+    runs under one of the policy's GPU runtime classes."""
+    terms = [
+        f"({_every_container(spec)}).exists(c, {_container_test(policy, 'c')})",
+        f"has({spec}.volumes) && {spec}.volumes.exists(v, has(v.hostPath) || "
+        f"(has(v.name) && v.name in {_list(INJECTED_VOLUMES)}))",
+    ]
+    if policy.gpu_runtime_classes:
+        terms.append(
+            f"has({spec}.runtimeClassName) && "
+            f"{spec}.runtimeClassName in {_list(sorted(policy.gpu_runtime_classes))}"
+        )
+    return _any(terms)
 
 
 def _annotation_test(policy: Policy, metadata: str) -> str:

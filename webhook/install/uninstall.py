@@ -221,6 +221,26 @@ class UninstallError(Exception):
     """The apiserver cannot be asked at all (as opposed to one object that failed)."""
 
 
+# What Helm writes on every object it creates (its adoption check reads it back).
+HELM_RELEASE: Final = "meta.helm.sh/release-name"
+
+
+class HelmReleaseError(UninstallError):
+    """The install is a Helm release: Helm removes it first, then uninstall what it left."""
+
+    def __init__(self, release: str, namespace: str) -> None:
+        self.release = release
+        super().__init__(
+            f"the install in {namespace} is the Helm release {release!r}: remove it in this "
+            f"order: 1. helm uninstall {release} --namespace {namespace} (what the chart "
+            f"created, and the release record); 2. gpushare-webhook uninstall --namespace "
+            f"{namespace} (what Helm never knew: the leader's Secret, Lease and re-rendered "
+            "admission policies, the policy reports, the Namespace). Deleting the chart's "
+            "objects first would leave a release that helm upgrade and helm uninstall "
+            "then trip over"
+        )
+
+
 class _Rest:
     """Raw REST through a ``kubernetes`` ApiClient: status and JSON, no exceptions for 4xx."""
 
@@ -345,9 +365,40 @@ class Uninstaller:
         labels = metadata.get("labels") or {}
         return True, labels.get(PART_OF) == "gpushare", bool(metadata.get("deletionTimestamp"))
 
+    def helm_release(self) -> str | None:
+        """The Helm release the install belongs to while Helm still records it: the name
+        Helm stamps on every object it creates (``meta.helm.sh/release-name``), when a
+        release record of that name (Helm's Secret or ConfigMap storage) is in the
+        namespace."""
+        names = set()
+        for kind, name in (("deployments", "gpushare-webhook"), ("configmaps", "gpushare-policy")):
+            group = "/apis/apps/v1" if kind == "deployments" else "/api/v1"
+            status, body = self._rest.call(
+                "GET", f"{group}/namespaces/{self.namespace}/{kind}/{name}"
+            )
+            if status == _OK:
+                annotations = (body.get("metadata") or {}).get("annotations") or {}
+                if release := annotations.get(HELM_RELEASE):
+                    names.add(str(release))
+        for release in sorted(names):
+            for kind in ("secrets", "configmaps"):
+                status, body = self._rest.call(
+                    "GET",
+                    f"/api/v1/namespaces/{self.namespace}/{kind}",
+                    query=[("labelSelector", f"owner=helm,name={release}")],
+                )
+                if status == _OK and body.get("items"):
+                    return release
+        return None
+
     # -- deleting ------------------------------------------------------------------
 
     def run(self) -> Outcome:
+        """Delete the install; refused (:class:`HelmReleaseError`) while a Helm release
+        holds it, which deleting its objects underneath would leave broken."""
+        release = self.helm_release()
+        if release is not None:
+            raise HelmReleaseError(release, self.namespace)
         outcome = Outcome()
         verb = "would delete" if self.dry_run else "deleted"
         for stage in STAGES:

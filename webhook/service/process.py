@@ -509,7 +509,7 @@ def _keep_scope(
     keeper = ScopeKeeper(
         manager.api_client, webhook_config=config.webhook_config, namespace=config.namespace
     )
-    manager.duties.append(lambda: keeper.reconcile(store.policy))
+    manager.duties.append(lambda: keeper.reconcile(store.policy, text=store.text()))
 
     def on_reload(ok: bool) -> None:
         if ok:

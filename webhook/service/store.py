@@ -22,11 +22,13 @@ class PolicyStore:
         self.path = Path(path) if path is not None else None
         self.listeners: list[Callable[[bool], None]] = []
         self._fingerprint: Fingerprint = None
+        self._text: str | None = None
         if self.path is None:
             self.policy = DEFAULT_POLICY
         else:
             self._fingerprint = fingerprint(self.path)
             self.policy = load_policy(self.path)  # a bad file at start is fatal: raise
+            self._text = self._read()
 
     def reload(self) -> bool:
         """Re-read the file; True when a new valid policy is in force."""
@@ -47,10 +49,23 @@ class PolicyStore:
             return False
         changed = policy.digest != self.policy.digest
         self.policy = policy
+        self._text = self._read()
         if changed:
             log.info("policy %s (%s) in force from %s", policy.name, policy.digest, self.path)
         self._notify(ok=True)
         return changed
+
+    def text(self) -> str | None:
+        """The policy file's text as last loaded (None for the bundled default): the leader
+        marks what it renders with its fingerprint (webhook.install.fingerprint)."""
+        return self._text
+
+    def _read(self) -> str | None:
+        # Read again after load_policy: a write in between is picked up by the next reload.
+        try:
+            return self.path.read_text("utf-8") if self.path is not None else None
+        except (OSError, UnicodeDecodeError):
+            return None
 
     def _notify(self, *, ok: bool) -> None:
         for listener in self.listeners:
