@@ -355,6 +355,12 @@ MOUNT_PATHS: Final = (
     "/etc/ld.so.preload",
     "/tmp/nvidia-mps",
     "/var/run/nvidia-container-devices/all",
+    # Where the GPU stack reads inside the container, and above it (no shadow).
+    "/overrideEnv",
+    "/usr/local/vgpu/x.cache",
+    "/var/run/nvidia-container-devicesall",
+    "/etc",
+    "/usr/local",
 )
 
 
@@ -450,7 +456,10 @@ ANNOTATIONS: Final[Mapping[str, Sequence[Any]]] = {
         "example.com/dev=1",
         "k8s.device-plugin.nvidia.com/gpu=GPU-0",
         "management.nvidia.com/gpu=all",
+        "all",
     ),
+    "io.kubernetes.cri-o.Devices": ("/dev/fuse", "/dev/nvidia0", "/dev/fuse,/dev/nvidia0:/dev/x"),
+    "devices.crio.io": ("/dev/net/tun:rw", "/dev/fuse:/dev/fuse:rwm:x"),
     "prometheus.io/scrape": ("true",),
     "team": ("ml",),
 }
@@ -1125,6 +1134,7 @@ _UPDATE_ANNOTATIONS: Final[Mapping[str, Sequence[str]]] = {
     "hami.io/vgpu-time": ("1732312345",),
     "hami.io/mig-devices-allocated": ("GPU-0,NVIDIA,3000,30:;",),
     "cdi.k8s.io/devices": ("nvidia.com/gpu=all", "example.com/fpga=0"),
+    "devices.crio.io": ("/dev/fuse", "/dev/nvidia0"),
     "team": ("ml", "infra"),
 }
 

@@ -542,6 +542,57 @@ def _shapes(namespace: str) -> dict[str, tuple[Obj, str]]:
             ),
             "host-device-access",
         ),
+        # Default-deny, files: a mount where the GPU stack reads inside the container.
+        "preload-shadow": (
+            pod(
+                "t",
+                namespace,
+                container(
+                    "main",
+                    GPU_LIMITS,
+                    volumeMounts=[{"name": "p", "mountPath": "/etc/ld.so.preload", "subPath": "x"}],
+                ),
+                volumes=[{"name": "p", "configMap": {"name": "preload"}}],
+            ),
+            "host-device-access",
+        ),
+        "override-env": (
+            pod(
+                "t",
+                namespace,
+                container("app", volumeMounts=[{"name": "o", "mountPath": "//overrideEnv"}]),
+                volumes=[{"name": "o", "emptyDir": {}}],
+            ),
+            "host-device-access",
+        ),
+        "device-request-prefix": (
+            pod(
+                "t",
+                namespace,
+                container(
+                    "app",
+                    volumeMounts=[
+                        {"name": "r", "mountPath": "/var/run/nvidia-container-devicesall"}
+                    ],
+                ),
+                volumes=[{"name": "r", "emptyDir": {}}],
+            ),
+            "host-device-access",
+        ),
+        # Default-deny, annotations runtimes copy into the OCI spec.
+        "cdi-bare-name": (
+            pod("t", namespace, container("app"), annotations={"cdi.k8s.io/devices": "all"}),
+            "host-device-access",
+        ),
+        "crio-devices": (
+            pod(
+                "t",
+                namespace,
+                container("app"),
+                annotations={"io.kubernetes.cri-o.Devices": "/dev/nvidia0"},
+            ),
+            "host-device-access",
+        ),
         "cuda-redirect": (
             pod(
                 "t",
@@ -570,6 +621,11 @@ SHAPES: Final = (
     "kubelet-host-path",
     "runtime-socket",
     "device-request-mount",
+    "preload-shadow",
+    "override-env",
+    "device-request-prefix",
+    "cdi-bare-name",
+    "crio-devices",
     "cuda-redirect",
     "oom-killer-off",
 )

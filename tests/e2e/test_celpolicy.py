@@ -444,6 +444,67 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         "host-device-access",
     ),
     "injected-writable": (_writable(_mutated(_pod("p", _c()))), "host-device-access"),
+    # Where the GPU stack reads inside the container (issue: default-deny, files).
+    "preload-shadowed": (
+        _pod(
+            "p",
+            _c(volumeMounts=[{"name": "m", "mountPath": "/etc//ld.so.preload", "readOnly": True}]),
+            volumes=[{"name": "m", "configMap": {"name": "preload"}}],
+        ),
+        "host-device-access",
+    ),
+    "override-env": (
+        _pod(
+            "p",
+            _c(gpu=False, volumeMounts=[{"name": "m", "mountPath": "/overrideEnv/"}]),
+            volumes=[{"name": "m", "emptyDir": {}}],
+        ),
+        "host-device-access",
+    ),
+    "vgpu-directory": (
+        _pod(
+            "p",
+            _c(volumeMounts=[{"name": "m", "mountPath": "/usr/local/./vgpu/x.cache"}]),
+            volumes=[{"name": "m", "emptyDir": {}}],
+        ),
+        "host-device-access",
+    ),
+    "device-request-prefix": (
+        _pod(
+            "p",
+            _c(
+                gpu=False,
+                volumeMounts=[{"name": "m", "mountPath": "/var/run/nvidia-container-devicesall"}],
+            ),
+            volumes=[{"name": "m", "emptyDir": {}}],
+        ),
+        "host-device-access",
+    ),
+    # Any CDI key: the runtime reads it whatever the vendor.
+    "cdi-other-vendor": (
+        {
+            **_pod("p", _c(gpu=False)),
+            "metadata": {"name": "p", "annotations": {"cdi.k8s.io/fpga": "example.com/fpga=0"}},
+        },
+        "host-device-access",
+    ),
+    "cdi-bare-name": (
+        {
+            **_pod("p", _c(gpu=False)),
+            "metadata": {"name": "p", "annotations": {"cdi.k8s.io/x": "all"}},
+        },
+        "host-device-access",
+    ),
+    "crio-devices": (
+        {
+            **_pod("p", _c(gpu=False)),
+            "metadata": {
+                "name": "p",
+                "annotations": {"io.kubernetes.cri-o.Devices": "/dev/fuse,/dev/nvidia0:/dev/x:rw"},
+            },
+        },
+        "host-device-access",
+    ),
     "device-request-mount": (
         _pod(
             "p",
@@ -697,6 +758,24 @@ ADMITTED: Final[dict[str, Obj]] = {
         _c(resources={"limits": {"nvidia.com/gpu": "4"}, "claims": [{"name": "channel"}]}),
         resourceClaims=[{"name": "channel", "resourceClaimTemplateName": "imex-channel"}],
     ),
+    # Above the paths the GPU stack reads: the deeper mount wins.
+    "mount-above-read-paths": _pod(
+        "p",
+        _c(
+            volumeMounts=[
+                {"name": "m", "mountPath": "/etc"},
+                {"name": "m", "mountPath": "/usr/local"},
+            ]
+        ),
+        volumes=[{"name": "m", "emptyDir": {}}],
+    ),
+    "crio-listed-devices": {
+        **_pod("p", _c(gpu=False)),
+        "metadata": {
+            "name": "p",
+            "annotations": {"devices.crio.io": "/dev/fuse:/dev/fuse:rwm,/dev/net/tun"},
+        },
+    },
     # What the mutation injects, exactly, is not host-device-access.
     "mutated-vgpu": _mutated(_pod("p", _c())),
     "mutated-mps": _mutated(_pod("p", _c(), nodeSelector={"ack.node.gpu.schedule": "mps"})),
@@ -709,10 +788,6 @@ ADMITTED: Final[dict[str, Obj]] = {
             {"name": "cdi", "hostPath": {"path": "/etc/cdi"}},
         ],
     ),
-    "cdi-other-vendor": {
-        **_pod("p", _c(gpu=False)),
-        "metadata": {"name": "p", "annotations": {"cdi.k8s.io/fpga": "example.com/fpga=0"}},
-    },
     "gpu-net-admin": _pod("p", _c(securityContext=_caps("NET_ADMIN", " SYS_ADMIN"))),
     "plain-sys-admin-host-pid": _pod(
         "p", _c(gpu=False, securityContext=_caps("ALL")), hostPID=True
@@ -784,9 +859,26 @@ def _source(kind: str, **fields: Any) -> Obj:
     return {"apiVersion": version, "kind": kind, "metadata": {"name": "s"}, **fields}
 
 
-def _claim_spec(device_class: str) -> Obj:
+def _claim_spec(device_class: str, *configs: Obj) -> Obj:
     exactly = {"deviceClassName": device_class, "allocationMode": "All"}
-    return {"devices": {"requests": [{"name": "gpu", "exactly": exactly}]}}
+    devices: Obj = {"requests": [{"name": "gpu", "exactly": exactly}]}
+    if configs:
+        devices["config"] = list(configs)
+    return {"devices": devices}
+
+
+def _config(driver: str, parameters: Obj) -> Obj:
+    return {"opaque": {"driver": driver, "parameters": parameters}}
+
+
+_GPU_CONFIG: Final[Obj] = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "GpuConfig"}
+_GPU_CONFIG_MPS: Final = _config(
+    "gpu.nvidia.com",
+    {
+        **_GPU_CONFIG,
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 100}},
+    },
+)
 
 
 # name -> (kind, object, the rule that refuses it or None)
@@ -861,6 +953,28 @@ SOURCES: Final[dict[str, tuple[str, Obj, str | None]]] = {
         "gpu-claim",
     ),
     "device-class-plain": ("DeviceClass", _source("DeviceClass", spec={}), None),
+    # A GPU driver's configuration overrides the class's, whatever the class.
+    "claim-config-mps": (
+        "ResourceClaim",
+        _source("ResourceClaim", spec=_claim_spec("fpga.example.com", _GPU_CONFIG_MPS)),
+        "gpu-claim",
+    ),
+    "template-config-no-sharing": (
+        "ResourceClaimTemplate",
+        _source(
+            "ResourceClaimTemplate",
+            spec={"spec": _claim_spec("fpga.example.com", _config("gpu.nvidia.com", _GPU_CONFIG))},
+        ),
+        "gpu-claim",
+    ),
+    "claim-config-other-driver": (
+        "ResourceClaim",
+        _source(
+            "ResourceClaim",
+            spec=_claim_spec("fpga.example.com", _config("fpga.example.com", {"mode": "x"})),
+        ),
+        None,
+    ),
     # A MIG instance served by DRA is no slice.
     "device-class-serving-mig": (
         "DeviceClass",

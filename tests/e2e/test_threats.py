@@ -301,6 +301,37 @@ def test_f8_gpu_claims_are_refused(kubectl: Kubectl, tenancy: str) -> None:  # n
     assert admitted.returncode == 0, admitted.stderr
 
 
+@pytest.mark.usefixtures("source_guards")
+def test_f8_a_claim_configuring_the_gpu_driver_is_refused(kubectl: Kubectl, tenancy: str) -> None:  # noqa: F811
+    """Default-deny on DRA claim configuration: the NVIDIA DRA driver applies a claim's
+    opaque config over its DeviceClass's, whatever the class the claim names."""
+
+    def claim(name: str, driver: str, parameters: Obj) -> Obj:
+        request = {"name": "r", "exactly": {"deviceClassName": "shared-gpu.example.com"}}
+        config = {"opaque": {"driver": driver, "parameters": parameters}}
+        return {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": tenancy},
+            "spec": {"devices": {"requests": [request], "config": [config]}},
+        }
+
+    mps = {
+        "apiVersion": "resource.nvidia.com/v1beta1",
+        "kind": "GpuConfig",
+        "sharing": {"strategy": "MPS", "mpsConfig": {"defaultActiveThreadPercentage": 100}},
+    }
+    deadline = time.monotonic() + 30
+    while (result := create(kubectl, claim("mps", "gpu.nvidia.com", mps))).returncode == 0:
+        kubectl("delete", "resourceclaim", "mps", "-n", tenancy)
+        assert time.monotonic() < deadline, "the claim configuration was never refused"
+        time.sleep(0.3)
+    refused(result, "gpu-claim")
+    # Another driver's configuration is that driver's.
+    other = create(kubectl, claim("nic", "nic.example.com", {"mtu": 9000}))
+    assert other.returncode == 0, other.stderr
+
+
 # -- F9 updates ------------------------------------------------------------------------------
 
 

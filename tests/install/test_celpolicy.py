@@ -313,7 +313,9 @@ def test_host_device_access_renders_the_policys_paths() -> None:
         assert text in expression
     # The library's directory, the lock and pipe directories: not the default's.
     assert 'startsWith("/opt/vgpu/lib/")' in expression and '"/var/tmp/vgpulock"' in expression
-    assert '"/run/mps-pipe"' in expression and '"/tmp/vgpulock"' not in expression
+    assert '"/run/mps-pipe"' in expression and '"/var/tmp/vgpulock/"' in expression
+    # HAMi-core's own lock directory is read inside the container whatever the policy.
+    assert 'q.startsWith("/tmp/vgpulock/")' in expression
     # The allow list as the core's _within reads it: "/data/" is matched as written.
     assert 'p in ["/data/", "/mnt/datasets", "/srv"]' in expression
     assert 'startsWith("/data/")' in expression and 'startsWith("/srv/")' in expression
@@ -328,7 +330,9 @@ def test_host_device_access_in_denylist_mode_has_no_allow_list() -> None:
     expression = celpolicy.rule_expressions(DEFAULT_POLICY)["host-device-access"]
     # In denylist mode only the host namespaces ask whether the pod asks for a GPU.
     assert "variables.gpu && !(" not in expression.split("variables.podUpdate")[0]
-    assert "ld.so.preload" not in expression  # preload: env injects no file
+    # preload: env injects no file; HAMi's device plugin still mounts one in containers.
+    assert '"/usr/local/vgpu/ld.so.preload"' not in expression
+    assert 'q == "/etc/ld.so.preload"' in expression or '"/etc/ld.so.preload"' in expression
     # Mount paths with a ".." segment are left to the webhook, hostPaths need no such
     # guard (the apiserver refuses them).
     assert expression.count("s == '..'") == 2  # new and old pod, mountPath only

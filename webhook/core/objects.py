@@ -12,7 +12,8 @@ cannot see either, so they are judged where they are written:
   that the policy's env.allowed does not admit in every container (:func:`unadmitted_key`);
 - gpu-claim: a ResourceClaim or ResourceClaimTemplate with a request on one of the
   policy's GPU device classes outside the namespaces the policy allows
-  (``dra.allowedNamespaces``), and a DeviceClass that serves one of the policy's sharing
+  (``dra.allowedNamespaces``), or, in any namespace, with an opaque configuration for a
+  driver of ``dra.claimConfigs`` that its list does not hold; and a DeviceClass that serves one of the policy's sharing
   resources (``extendedResourceName``; a MIG resource is no slice).
 """
 
@@ -81,14 +82,36 @@ def claim_classes(spec: Mapping[str, Any]) -> Iterator[str]:
                 yield name
 
 
+def _config_findings(spec: Mapping[str, Any], kind: str, policy: Policy) -> Iterator[Finding]:
+    """Each opaque configuration for a driver of ``dra.claimConfigs`` whose parameters
+    are none its list allows: the driver applies a claim's config over its DeviceClass's
+    (kubernetes-sigs/dra-driver-nvidia-gpu GetOpaqueDeviceConfigs), whatever the class."""
+    configs = as_mapping(spec.get("devices")).get("config")
+    for index, config in enumerate(configs if isinstance(configs, list) else ()):
+        opaque = as_mapping(as_mapping(config).get("opaque"))
+        driver = opaque.get("driver")
+        if not isinstance(driver, str) or driver not in policy.claim_configs:
+            continue
+        if opaque.get("parameters") in policy.claim_configs[driver]:
+            continue
+        yield Finding(
+            "gpu-claim",
+            f"{kind} spec.devices.config[{index}] configures driver {quoted(driver)} as the "
+            "policy's dra.claimConfigs does not allow: the driver applies it over the "
+            "DeviceClass's (sharing, MPS limits); remove it, or list it there",
+        )
+
+
 def _claim_findings(
     obj: Mapping[str, Any], kind: str, policy: Policy, namespace: str
 ) -> Iterator[Finding]:
-    if match_any(namespace, policy.claim_namespaces):
-        return
     spec = as_mapping(obj.get("spec"))
     if kind == "ResourceClaimTemplate":
         spec = as_mapping(spec.get("spec"))
+    if policy.claim_configs:
+        yield from _config_findings(spec, kind, policy)
+    if match_any(namespace, policy.claim_namespaces):
+        return
     for name in sorted(set(claim_classes(spec))):
         if name in policy.gpu_device_classes:
             yield Finding(

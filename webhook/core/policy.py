@@ -283,6 +283,25 @@ SCHEMA: Final[dict[str, Any]] = {
                     "properties": {
                         "deviceClasses": _STRINGS,
                         "allowedNamespaces": _STRINGS,
+                        # driver -> the opaque parameters a claim may give it, each exactly.
+                        "claimConfigs": {
+                            "type": "object",
+                            "propertyNames": {"minLength": 1},
+                            "additionalProperties": {"type": "array", "items": {"type": "object"}},
+                        },
+                    },
+                },
+                "containerPaths": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {"protected": {"type": "array", "items": _ABS_PATH}},
+                },
+                "runtimeAnnotations": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "allowedDevices": {"type": "array", "items": _ABS_PATH},
+                        "refusedPrefixes": _STRINGS,
                     },
                 },
                 "hostPaths": {
@@ -505,6 +524,16 @@ class Policy:
     # namespaces that may claim them (gpu-claim).
     gpu_device_classes: tuple[str, ...] = ()
     claim_namespaces: tuple[str, ...] = ()
+    # driver -> the opaque claim parameters it may be given (dra.claimConfigs); a driver
+    # not listed is not judged.
+    claim_configs: Mapping[str, tuple[Mapping[str, Any], ...]] = field(default_factory=dict)
+    # Paths inside containers that the node's GPU stack reads, besides the built-in ones
+    # (containerPaths.protected, normalised).
+    container_paths: tuple[str, ...] = ()
+    # Host devices CRI-O's devices annotation may name (runtimeAnnotations.allowedDevices),
+    # and annotation key prefixes refused besides CDI's and CRI-O's (refusedPrefixes).
+    annotation_devices: frozenset[str] = frozenset()
+    refused_annotation_prefixes: tuple[str, ...] = ()
     # RuntimeClasses whose handler runs the NVIDIA runtime: a container under one that
     # asks for no GPU gets NVIDIA_VISIBLE_DEVICES=void (host-device-access without it).
     gpu_runtime_classes: frozenset[str] = frozenset()
@@ -940,6 +969,14 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         ),
         gpu_device_classes=tuple(spec["dra"]["deviceClasses"]),
         claim_namespaces=tuple(spec["dra"]["allowedNamespaces"]),
+        claim_configs={
+            driver: tuple(allowed) for driver, allowed in spec["dra"]["claimConfigs"].items()
+        },
+        container_paths=tuple(
+            dict.fromkeys(normalised(p) for p in spec["containerPaths"]["protected"])
+        ),
+        annotation_devices=frozenset(spec["runtimeAnnotations"]["allowedDevices"]),
+        refused_annotation_prefixes=tuple(spec["runtimeAnnotations"]["refusedPrefixes"]),
         env_allowances=tuple(_env_allowance(entry) for entry in spec["env"]["allowed"]),
         gpu_runtime_classes=frozenset(spec["runtimeClasses"]["gpu"]),
     )

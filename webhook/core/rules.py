@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import posixpath
 import re
 from collections.abc import Iterable, Iterator, Mapping
@@ -23,8 +24,10 @@ from webhook.core.env import (
 )
 from webhook.core.finding import Finding, quoted
 from webhook.core.injection import (
+    LIBRARY_PATH,
     MPS_LIMIT_VARS,
     PLAIN,
+    PRELOAD_FILE,
     REGION_DIR,
     REGION_VARIABLE,
     VGPU_LIMIT_PREFIXES,
@@ -158,8 +161,59 @@ STACK_FILE_PREFIXES: Final = (
     "nvidia-container-",
     "nvidia-ctk",
 )
-# The NVIDIA container toolkit reads device requests from mounts below these.
+# The NVIDIA container toolkit reads device requests from mounts below these: it cleans
+# a mount's destination and matches its root as a string prefix (internal/config/image/
+# cuda_image.go, requestsFromMounts), so .../nvidia-container-devicesall asks for "all".
 _DEVICE_REQUEST_DIRS: Final = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
+# In every spelling of a path those roots start (cleaned or not).
+DEVICE_REQUEST_MARK: Final = "nvidia-container-devices"
+# Paths inside the container that a node component reads (cleaned), besides the lock and
+# MPS pipe directories of the policy and its containerPaths.protected: a pod mount at one
+# or below one shadows what the device plugin or the mutation put there. HAMi's device
+# plugin mounts its ld.so.preload at PRELOAD_FILE (a pod mount there at equal depth
+# wins), and, where the node holds a vGPU license, /tmp/license and a validator at
+# /usr/bin/vgpuvalidator; HAMi-core setenv()s each line of /overrideEnv at NVML init and
+# hard-codes /usr/local/vgpu (HAMi's per-container directory, the library) and
+# /tmp/vgpulock.
+OVERRIDE_ENV: Final = "/overrideEnv"
+# Paths HAMi hard-codes inside the container, no temporary files of ours.
+HAMI_LOCK_DIR: Final = "/tmp/vgpulock"  # noqa: S108
+HAMI_LICENSE: Final = ("/tmp/license", "/usr/bin/vgpuvalidator")  # noqa: S108
+READ_PATHS: Final = (
+    PRELOAD_FILE,
+    OVERRIDE_ENV,
+    posixpath.dirname(LIBRARY_PATH),
+    HAMI_LOCK_DIR,
+    *HAMI_LICENSE,
+)
+
+
+class ReadPaths(NamedTuple):
+    """Where a pod mount shadows the GPU stack under one policy."""
+
+    roots: tuple[str, ...]
+    # A mountPath cleans to one of them or below only if one of its "/"-separated parts
+    # is a root's last component (normpath never creates or changes a component): a set
+    # test of the split path, two C calls a mount (a pattern of the names costs ~3,000
+    # instructions a search, a pod's worth ~10% of a /mutate).
+    names: frozenset[str]
+
+
+@functools.cache
+def _read_paths(lock: str, pipe: str, extra: tuple[str, ...]) -> ReadPaths:
+    roots = tuple(dict.fromkeys((*READ_PATHS, normalised(lock), normalised(pipe), *extra)))
+    return ReadPaths(roots, frozenset(posixpath.basename(root) for root in roots))
+
+
+def mount_marks(policy: Policy) -> list[str]:
+    """What a mountPath must contain for :func:`_mount_findings` to look at it: the read
+    paths' last components and the toolkit's device-request mark (the scope sends those)."""
+    return sorted({*read_paths(policy).names, DEVICE_REQUEST_MARK} - {""})
+
+
+def read_paths(policy: Policy) -> ReadPaths:
+    """The paths inside containers that the GPU stack reads under ``policy``."""
+    return _read_paths(policy.lock_host_path, policy.mps_pipe_directory, policy.container_paths)
 
 
 # Not frozen: built per request, and a frozen field costs an object.__setattr__.
@@ -340,6 +394,44 @@ def variable_findings(
             yield Finding("limit-tampering", f"{label}: {name}{shown}{source} {why}; remove it")
 
 
+def _shadowed(target: str, reads: ReadPaths) -> str | None:
+    """What the GPU stack reads that a mount at ``target`` (which holds a read path's
+    last component or the device-request mark) shadows, or None."""
+    path = normalised(target)
+    if target.startswith(_DEVICE_REQUEST_DIRS) or path.startswith(_DEVICE_REQUEST_DIRS):
+        return "device-request"
+    for root in reads.roots:
+        if path == root or path.startswith(root + "/"):
+            return root
+    return None
+
+
+def _injected_mount(mount: Mapping[str, Any], subject: Subject) -> bool:
+    """``mount`` is one the mutation injects, of the volume it injects under that name."""
+    injection = subject.injection
+    # As the mutation matches its own (mutation._same_mount): name, path, read-only as
+    # injected, no subPath.
+    if (
+        mount.get("subPath")
+        or mount.get("subPathExpr")
+        or not any(
+            mount.get("name") == injected["name"]
+            and mount.get("mountPath") == injected["mountPath"]
+            and bool(mount.get("readOnly")) == bool(injected.get("readOnly"))
+            for injected in injection.mounts
+        )
+    ):
+        return False
+    if subject.phase == "mutate" and subject.created:
+        # The mutation puts its own volume under that name, whatever the pod has there.
+        return True
+    volumes = subject.view.spec.get("volumes")
+    return any(
+        isinstance(v, MAPPINGS) and v.get("name") == mount["name"] and injection.allows(v)
+        for v in (volumes if isinstance(volumes, list) else ())
+    )
+
+
 # Who reads each channel's names, for the messages.
 _READERS: Final = {
     "raw-visible-devices": "the NVIDIA container runtime",
@@ -379,25 +471,40 @@ def _allowlist_finding(
 
 
 def _mount_findings(
-    kind: ContainerKind, container: Mapping[str, Any], mounts: list[Any], read_only: frozenset[str]
+    kind: ContainerKind,
+    container: Mapping[str, Any],
+    mounts: list[Any],
+    subject: Subject,
+    reads: ReadPaths,
+    read_only: frozenset[str],
 ) -> list[Finding]:
     # A list, not a generator: it runs for every container and nearly always finds nothing.
     found: list[Finding] = []
+    names = reads.names
     for mount in mounts:
         if not isinstance(mount, MAPPINGS):
             continue
         target = mount.get("mountPath")
-        # normpath never creates a component, so the name must be there as written.
-        if (
-            isinstance(target, str)
-            and "nvidia-container-devices" in target
-            and _within(normalised(target), _DEVICE_REQUEST_DIRS)
-        ):
+        shadowed = (
+            _shadowed(target, reads)
+            if isinstance(target, str)
+            and (DEVICE_REQUEST_MARK in target or not names.isdisjoint(target.split("/")))
+            else None
+        )
+        if shadowed == "device-request":
             found.append(
                 Finding(
                     "host-device-access",
                     f"{_label(kind, container)}: a mount at {target} asks the NVIDIA runtime for "
                     "devices; request GPUs in limits",
+                )
+            )
+        elif shadowed is not None and not _injected_mount(mount, subject):
+            found.append(
+                Finding(
+                    "host-device-access",
+                    f"{_label(kind, container)}: a mount at {target} shadows {shadowed}, which "
+                    "the GPU stack reads inside the container; mount it elsewhere",
                 )
             )
         name = mount.get("name")
@@ -456,6 +563,7 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     legacy = subject.phase == "validate" or not subject.created
     # The env names variable_findings judges: one set lookup per entry.
     judged = _GPU_JUDGED_ENV if gpu else _JUDGED_ENV
+    reads = read_paths(policy)
     spec = subject.view.spec
     read_only = subject.injection.read_only_volumes | _shared_host_volumes(spec, policy)
     # Under the NVIDIA runtime a container without the void sees what its image bakes.
@@ -546,7 +654,7 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                             yield finding
             mounts = container.get("volumeMounts")
             if isinstance(mounts, list):
-                yield from _mount_findings(kind, container, mounts, read_only)
+                yield from _mount_findings(kind, container, mounts, subject, reads, read_only)
 
 
 def _names_visible(container: Mapping[str, Any]) -> bool:
@@ -559,14 +667,60 @@ def _names_visible(container: Mapping[str, Any]) -> bool:
     )
 
 
-def _cdi_findings(subject: Subject) -> Iterator[Finding]:
+# Any *cdi.k8s.io/ key: the NVIDIA runtime's cdi mode reads the keys under its
+# annotation-prefixes (cdi.k8s.io/ by default, nvidia.cdi.k8s.io/ under the GPU Operator)
+# and gives a bare device name its default kind, so "all" is nvidia.com/gpu=all.
+CDI_MARK: Final = "cdi.k8s.io/"
+# CRI-O's devices annotation (cri-o pkg/annotations/v2: Devices and the deprecated
+# V1Devices), read from the sandbox's annotations for every container it creates.
+CRIO_DEVICE_KEYS: Final = ("devices.crio.io", "io.kubernetes.cri-o.Devices")
+
+
+def unlisted_devices(value: str, allowed: frozenset[str]) -> list[str]:
+    """The entries of a CRI-O devices annotation ``value`` that name a host device off
+    ``allowed``, as CRI-O parses it: ``$SRC[:$DST[:$MODE]]`` entries, comma-separated,
+    empty ones skipped, the source compared as written (a fourth part CRI-O refuses)."""
+    return [
+        entry
+        for entry in value.split(",")
+        if entry and (entry.count(":") > 2 or entry.partition(":")[0] not in allowed)
+    ]
+
+
+def _cdi_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
+    """The annotations runtimes copy into the OCI spec that ask for devices: any CDI key,
+    CRI-O's devices off the policy's list, and the policy's refused prefixes."""
     annotations = as_mapping(as_mapping(subject.view.metadata).get("annotations"))
+    if not annotations:
+        return
+    mark = CDI_MARK
+    prefixes = policy.refused_annotation_prefixes
     for key, value in annotations.items():
-        # Any *cdi.k8s.io/ prefix: the GPU Operator points the runtime at nvidia.cdi.k8s.io/.
-        if isinstance(key, str) and "cdi.k8s.io/" in key and "nvidia.com/" in str(value):
+        if not isinstance(key, str):
+            continue
+        if mark in key:
             yield Finding(
                 "host-device-access",
-                f"annotation {key} injects NVIDIA devices through CDI; request GPUs in limits",
+                f"annotation {key}={quoted(value)} asks the container runtime for CDI devices "
+                "(a bare name is the NVIDIA runtime's default kind); request GPUs in limits",
+            )
+        elif prefixes and key.startswith(prefixes):
+            yield Finding(
+                "host-device-access",
+                f"annotation {key} is one the policy's runtimeAnnotations.refusedPrefixes "
+                "keeps from the container runtime; remove it",
+            )
+    # CRI-O looks its keys up exactly (GetAnnotationValue): two lookups, not a test a key.
+    for key in CRIO_DEVICE_KEYS:
+        value = annotations.get(key)
+        if value is None:
+            continue
+        unlisted = unlisted_devices(str(value), policy.annotation_devices)
+        if unlisted:
+            yield Finding(
+                "host-device-access",
+                f"annotation {key} asks CRI-O for {quoted(','.join(unlisted))}, not in "
+                "the policy's runtimeAnnotations.allowedDevices; request GPUs in limits",
             )
 
 
@@ -920,7 +1074,7 @@ def evaluate(subject: Subject, policy: Policy) -> list[Finding]:
     """Every finding of every rule that applies to ``subject`` (actions are applied later)."""
     findings = list(_host_path_findings(subject, policy))
     findings.extend(_container_findings(subject, policy))
-    findings.extend(_cdi_findings(subject))
+    findings.extend(_cdi_findings(subject, policy))
     # Rules about GPU requests find nothing in a pod without any (each checks that
     # itself too); skipping them keeps the common case cheap.
     if subject.requests.gpu:

@@ -43,12 +43,18 @@ tests/e2e/test_celpolicy.py compares the two on generated objects):
   sysfs, the policy's hostPaths.driverRoots) and are mounted writable, or (allowlist mode, GPU
   pods) that lie outside the allowed paths, unless the volume is exactly one the
   mutation injects into this pod; mounts of the injected shared volumes without
-  readOnly; mountPaths under /var/run/nvidia-container-devices; ``cdi.k8s.io/``
-  annotations naming nvidia.com devices. Paths are compared after dropping ``//``, ``.``
+  readOnly; mountPaths that /var/run/nvidia-container-devices (or /run/...) starts, raw
+  or cleaned (the toolkit's string prefix), and mountPaths at or below a path the GPU
+  stack reads inside the container (``rules.read_paths``: /etc/ld.so.preload,
+  /overrideEnv, /usr/local/vgpu, the lock and MPS pipe directories, the policy's
+  containerPaths.protected) that are not a mount the mutation injects into this pod, of
+  the volume it injects; any ``cdi.k8s.io/`` annotation key, CRI-O's devices annotation
+  naming a device off runtimeAnnotations.allowedDevices, and a key with one of its
+  refusedPrefixes. Paths are compared after dropping ``//``, ``.``
   and trailing slashes (strings' split/join), as the core's normalisation does: the
   apiserver refuses a hostPath with a ``..`` segment. A mountPath may hold ``..``, which
-  CEL cannot resolve (it takes a stack): a device-request mountPath with a ``..``
-  segment is the webhook's alone. On a pod UPDATE the old pod is judged in the new
+  CEL cannot resolve (it takes a stack): a mountPath with a ``..`` segment is the
+  webhook's alone. On a pod UPDATE the old pod is judged in the new
   pod's mode (see :func:`_host_device_access`).
 
 - invalid-gpu-request: per container, as ``resources.read_container`` reads the
@@ -93,7 +99,7 @@ requests alone, which the apiserver refuses.
 
 Left to the webhook: what needs the cluster view (no-fitting-node, ResourceQuotas,
 percentages resolved to MiB, MIG translation, ConfigMap env), limit-tampering's limits
-above the request, and a device-request mountPath with ``..``.
+above the request, and a mountPath with ``..``.
 
 Scope as the webhooks': their matchCondition comes first (no validation runs on an
 object outside it); pods (CREATE, UPDATE) and the workload kinds (CREATE, UPDATE),
@@ -158,9 +164,12 @@ from webhook.core.rules import (
     _DEVICE_PREFIXES,
     _DEVICE_REQUEST_DIRS,
     _SIDE_ROOTS,
+    CDI_MARK,
+    CRIO_DEVICE_KEYS,
     STACK_FILE_PREFIXES,
     STACK_ROOTS,
     SYS_ADMIN,
+    read_paths,
 )
 from webhook.core.workload import KINDS_BY_PATH
 from webhook.install.scope import literal
@@ -974,15 +983,43 @@ def _host_paths(policy: Policy, containers: str, gpu: str, spec: str) -> str:
     )
 
 
-def _device_request(mount: str) -> str:
-    """``mount`` lies under a directory the NVIDIA runtime reads device requests from. A
+def _shadow(policy: Policy, mount: str) -> str:
+    """``rules._mount_findings``' paths: ``mount`` asks the NVIDIA runtime for devices (its
+    root a string prefix of the destination, raw or cleaned), or lies at or below a path
+    the GPU stack reads inside the container and is not a mount the mutation injects. A
     mountPath may hold ``..`` (the apiserver allows it there), which CEL cannot resolve:
     those are the webhook's alone."""
     target = f"{mount}.mountPath"
+    requests = " || ".join(
+        f"{v}.startsWith({literal(d)})" for v in (target, "q") for d in _DEVICE_REQUEST_DIRS
+    )
+    roots = read_paths(policy).roots
+    reads = _reaching("q", roots, parents=False)
     return (
         f"has({target}) && !{target}.split('/').exists(s, s == '..') && "
-        f"[{_normalised(target)}].exists(q, "
-        f"{_reaching('q', _DEVICE_REQUEST_DIRS, parents=False)})"
+        f"[{_normalised(target)}].exists(q, {requests} || "
+        f"(({reads}) && !({_injected_mount(policy, mount)})))"
+    )
+
+
+def _injected_mount(policy: Policy, mount: str) -> str:
+    """``rules._injected_mount`` at validation: ``mount`` is one the mutation injects into
+    a pod of this mode, of the volume it injects under that name."""
+    by_mode = []
+    for mode in ("vgpu", "mps"):
+        injection = injection_for(mode, policy)
+        exact = []
+        for injected in injection.mounts:
+            volume = next(v for v in injection.volumes if v["name"] == injected["name"])
+            exact.append(
+                f"({mount}.mountPath == {literal(injected['mountPath'])} && "
+                f"{_same_mount(mount, injected)} && variables.spec.volumes.exists(v, "
+                f"{_same_volume('v', volume)}))"
+            )
+        if exact:
+            by_mode.append(f"({injects(mode)} && ({' || '.join(exact)}))")
+    return (
+        f"variables.sharing && has(variables.spec.volumes) && ({' || '.join(by_mode) or 'false'})"
     )
 
 
@@ -991,13 +1028,9 @@ def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotatio
     its CDI annotations."""
     mounts = (
         f"{containers}.exists(c, has(c.volumeMounts) && c.volumeMounts.exists(m, "
-        f"({_device_request('m')}) || ({_read_only_volume(policy, 'm')})))"
+        f"({_shadow(policy, 'm')}) || ({_read_only_volume(policy, 'm')})))"
     )
-    # Any *cdi.k8s.io/ key: the GPU Operator points the runtime at nvidia.cdi.k8s.io/.
-    cdi = (
-        f"{annotations}.exists(k, k.contains('cdi.k8s.io/') && "
-        f"string({annotations}[k]).contains('nvidia.com/'))"
-    )
+    cdi = _runtime_annotations(policy, annotations)
     namespaces = (
         f"{gpu} && ((has({spec}.hostPID) && {spec}.hostPID == true) || "
         f"(has({spec}.hostIPC) && {spec}.hostIPC == true && "
@@ -1014,6 +1047,21 @@ def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotatio
             f"!(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)})))"
         )
     return " || ".join(f"({t})" for t in terms)
+
+
+def _runtime_annotations(policy: Policy, annotations: str) -> str:
+    """``rules._cdi_findings``: any ``cdi.k8s.io/`` key, CRI-O's devices annotation naming
+    a device off the policy's list (entries as ``rules.unlisted_devices`` splits them),
+    a key with one of the policy's refused prefixes."""
+    allowed = _list(sorted(policy.annotation_devices))
+    crio = f"k in {_list(CRIO_DEVICE_KEYS)}"
+    terms = [
+        f"k.contains({literal(CDI_MARK)})",
+        f"({crio}) && string({annotations}[k]).split(',').exists(e, e != '' && "
+        f"(e.split(':').size() > 3 || !(e.split(':')[0] in {allowed})))",
+    ]
+    terms.extend(f"k.startsWith({literal(p)})" for p in policy.refused_annotation_prefixes)
+    return f"{annotations}.exists(k, {' || '.join(f'({t})' for t in terms)})"
 
 
 def _host_device_access(policy: Policy) -> str:
@@ -1567,9 +1615,11 @@ MESSAGES: Final[Mapping[str, str]] = {
     "without NVIDIA_REQUIRE_CUDA in a container that asks for no GPU (set "
     "NVIDIA_VISIBLE_DEVICES=void), or an envFrom prefix that spells a guarded name; remove it, "
     "request GPUs in resources.limits",
-    "host-device-access": "a hostPath volume, mount, host namespace or CDI annotation reaches GPU "
-    "devices, their limits, the node's GPU stack or its accounting; remove it (mount injected "
-    "volumes and the GPU stack readOnly), request GPUs in resources.limits",
+    "host-device-access": "a hostPath volume, a mount (where the GPU stack reads inside the "
+    "container, too), a host namespace or an annotation the container runtime reads (CDI, "
+    "CRI-O's devices) reaches GPU devices, their limits, the node's GPU stack or its "
+    "accounting; remove it (mount injected volumes and the GPU stack readOnly), request GPUs "
+    "in resources.limits",
     "limit-tampering": "an env switch (CUDA_DISABLE_CONTROL, GPU_CORE_UTILIZATION_POLICY, "
     "CUDA_REDIRECT, ACTIVE_OOM_KILLER, CGPU_DISABLE) turns GPU limits off or loosens them; "
     "remove it",
@@ -1834,6 +1884,16 @@ def _claim_expression(policy: Policy) -> str:
     if not policy.gpu_device_classes:
         claims = "false"
     allowed = _glob_test("request.namespace", policy.claim_namespaces)
+    configs = " || ".join(
+        f"(request.kind.kind == {literal(kind)} && "
+        f"{_get('object', (*path, 'devices', 'config'))}.exists(c, {_unlisted_config(policy)}))"
+        for kind, path in (
+            ("ResourceClaim", ("spec",)),
+            ("ResourceClaimTemplate", ("spec", "spec")),
+        )
+    )
+    if not policy.claim_configs:
+        configs = "false"
     # The sharing resources only: a MIG resource served by DRA is no slice.
     name = "object.spec.extendedResourceName"
     served = f"{name} in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else "false"
@@ -1841,7 +1901,37 @@ def _claim_expression(policy: Policy) -> str:
         f"request.kind.kind == {literal(DEVICE_CLASS)} && has(object.spec) && "
         f"has({name}) && {served}"
     )
-    return f"!((!({allowed}) && ({claims})) || ({device_class}))"
+    return f"!((!({allowed}) && ({claims})) || ({configs}) || ({device_class}))"
+
+
+def cel_value(value: Any) -> str:
+    """A CEL literal of the JSON value ``value`` (maps, lists, strings, numbers, booleans,
+    null): what the apiserver's view of an object holds, for ``==`` and ``in``."""
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(f"{literal(str(k))}: {cel_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ", ".join(cel_value(v) for v in value) + "]"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, int | float):
+        return repr(value)
+    return literal(str(value))
+
+
+def _unlisted_config(policy: Policy) -> str:
+    """Config ``c`` of a claim gives a driver of ``dra.claimConfigs`` parameters its list
+    does not hold (``objects._config_findings``)."""
+    drivers = []
+    for driver, allowed in sorted(policy.claim_configs.items()):
+        listed = (
+            f"has(c.opaque.parameters) && c.opaque.parameters in {cel_value(list(allowed))}"
+            if allowed
+            else "false"
+        )
+        drivers.append(f"(c.opaque.driver == {literal(driver)} && !({listed}))")
+    return f"has(c.opaque) && has(c.opaque.driver) && ({' || '.join(drivers)})"
 
 
 def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]) -> list[Obj]:
@@ -1921,9 +2011,11 @@ SOURCE_MESSAGES: Final[Mapping[str, str]] = {
     "CUDA_VERSION, a HAMi-core switch or limit as a key: envFrom would hand it to containers "
     "unjudged; remove the key and set what a pod needs in its own env",
     "gpu-claim": "a claim on a GPU device class in a namespace that is not in the policy's "
-    "dra.allowedNamespaces, or a DeviceClass serving a GPU-sharing resource, hands out GPUs the "
-    "sharing scheduler never counts; claim GPUs in a namespace listed there, and serve no "
-    "sharing resource from a DeviceClass",
+    "dra.allowedNamespaces, a claim configuring a GPU driver as dra.claimConfigs does not "
+    "allow (it applies over its DeviceClass's), or a DeviceClass serving a GPU-sharing "
+    "resource, hands out GPUs the sharing scheduler never counts; claim GPUs in a namespace "
+    "listed there without a configuration the policy does not list, and serve no sharing "
+    "resource from a DeviceClass",
 }
 
 

@@ -28,8 +28,11 @@ condition that catches it:
   device class, with the cluster view): only in GPU pods, which are sent already.
 - host-device-access (any pod): any hostPath volume (the protected paths are compared
   after normalisation, which CEL cannot do; a hostPath is rare enough to send them all);
-  a mount whose path contains ``nvidia-container-devices``; a mount or volume with a
-  name the mutation injects; an annotation key containing ``cdi.k8s.io/``.
+  a mount whose path contains the last component of a path the GPU stack reads inside
+  the container (``rules.read_paths``: ``ld.so.preload``, ``overrideEnv``, ``vgpu``,
+  ``nvidia-container-devices``, ...); a mount or volume with a name the mutation
+  injects; an annotation key containing ``cdi.k8s.io/``, or starting with CRI-O's
+  devices keys or one of the policy's ``runtimeAnnotations.refusedPrefixes``.
 - forged-allocation: an annotation key that may match a reserved glob of the policy
   (each glob cut at its first wildcard: a key prefix), on the object and, for a pod
   UPDATE, on the old object (removing what the scheduler wrote is forging too).
@@ -61,6 +64,7 @@ from webhook.core.injection import (
 )
 from webhook.core.policy import DEVICE_CLASS_RESOURCE, Policy
 from webhook.core.resources import CONTAINER_KINDS
+from webhook.core.rules import CDI_MARK, CRIO_DEVICE_KEYS, mount_marks
 from webhook.core.workload import KINDS_BY_PATH
 
 CONDITION_NAME: Final = "gpushare.io/gpu-relevant"
@@ -68,8 +72,6 @@ CONDITION_NAME: Final = "gpushare.io/gpu-relevant"
 VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
 CUDA_VERSION: Final = "CUDA_VERSION"
 NVIDIA_PREFIX: Final = "NVIDIA_"
-DEVICE_REQUEST_MARK: Final = "nvidia-container-devices"
-CDI_MARK: Final = "cdi.k8s.io/"
 INJECTED_VOLUMES: Final = (
     VOLUME_LIBRARY,
     VOLUME_LOCK,
@@ -169,8 +171,11 @@ def _container_test(policy: Policy, c: str) -> str:
             + "))",
             # A prefix can spell a guarded name from a key the write-time guard allowed.
             f"has({c}.envFrom) && {c}.envFrom.exists(s, has(s.prefix) && s.prefix != '')",
+            # A path the GPU stack reads cleans to its root or below only if the mountPath
+            # holds the root's last component (rules.read_paths).
             f"has({c}.volumeMounts) && {c}.volumeMounts.exists(m, "
-            f"(has(m.mountPath) && m.mountPath.contains({literal(DEVICE_REQUEST_MARK)})) || "
+            f"(has(m.mountPath) && {_list(mount_marks(policy))}"
+            ".exists(w, m.mountPath.contains(w))) || "
             f"(has(m.name) && m.name in {_list(INJECTED_VOLUMES)}))",
         ]
     )
@@ -204,7 +209,8 @@ def _annotation_test(policy: Policy, metadata: str) -> str:
         # A glob that starts with a wildcard can match any key.
         return f"has({metadata}.annotations) && size({metadata}.annotations) > 0"
     terms = [f"k.contains({literal(CDI_MARK)})"]
-    terms.extend(f"k.startsWith({literal(p)})" for p in prefixes)
+    keys = sorted({*CRIO_DEVICE_KEYS, *policy.refused_annotation_prefixes, *prefixes})
+    terms.extend(f"k.startsWith({literal(p)})" for p in keys)
     if exact:
         terms.append(f"k in {_list(exact)}")
     return f"has({metadata}.annotations) && {metadata}.annotations.exists(k, {' || '.join(terms)})"
