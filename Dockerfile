@@ -40,6 +40,7 @@ RUN python -m venv /opt/build \
 COPY pyproject.toml README.md ./
 COPY webhook/ webhook/
 COPY deploy/ deploy/
+COPY policies/examples/ policies/examples/
 RUN HATCH_BUILD_HOOK_ENABLE_MYPYC=1 \
     /opt/build/bin/pip wheel --no-deps --no-build-isolation --wheel-dir /wheels . \
  && /opt/venv/bin/pip install --no-deps /wheels/*.whl \
