@@ -406,9 +406,19 @@ def _shadowed(target: str, reads: ReadPaths) -> str | None:
     return None
 
 
-def _injected_mount(mount: Mapping[str, Any], subject: Subject) -> bool:
-    """``mount`` is one the mutation injects, of the volume it injects under that name."""
+def _injected_mount(mount: Mapping[str, Any], subject: Subject, *, mutated: bool) -> bool:
+    """``mount`` is one the mutation injects, of the volume it injects under that name, or,
+    in a container the mutation mutates (``mutated``), one at a path where the mutation puts
+    its own mount instead (it matches mounts by mountPath, as the MutatingAdmissionPolicy's
+    apply does)."""
     injection = subject.injection
+    if (
+        mutated
+        and subject.phase == "mutate"
+        and subject.created
+        and any(mount.get("mountPath") == injected["mountPath"] for injected in injection.mounts)
+    ):
+        return True
     # As the mutation matches its own (mutation._same_mount): name, path, read-only as
     # injected, no subPath.
     if (
@@ -477,6 +487,8 @@ def _mount_findings(
     subject: Subject,
     reads: ReadPaths,
     read_only: frozenset[str],
+    *,
+    mutated: bool,
 ) -> list[Finding]:
     # A list, not a generator: it runs for every container and nearly always finds nothing.
     found: list[Finding] = []
@@ -499,7 +511,7 @@ def _mount_findings(
                     "devices; request GPUs in limits",
                 )
             )
-        elif shadowed is not None and not _injected_mount(mount, subject):
+        elif shadowed is not None and not _injected_mount(mount, subject, mutated=mutated):
             found.append(
                 Finding(
                     "host-device-access",
@@ -564,6 +576,17 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     # The env names variable_findings judges: one set lookup per entry.
     judged = _GPU_JUDGED_ENV if gpu else _JUDGED_ENV
     reads = read_paths(policy)
+    # The containers whose mounts the mutation sets (mutation.mutate: sharing containers
+    # and init containers, when the mode injects any).
+    mutated = (
+        {
+            r.name
+            for r in subject.requests.containers
+            if r.shares and r.kind != "ephemeralContainers"
+        }
+        if subject.injection.mounts
+        else set()
+    )
     spec = subject.view.spec
     read_only = subject.injection.read_only_volumes | _shared_host_volumes(spec, policy)
     # Under the NVIDIA runtime a container without the void sees what its image bakes.
@@ -654,7 +677,15 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                             yield finding
             mounts = container.get("volumeMounts")
             if isinstance(mounts, list):
-                yield from _mount_findings(kind, container, mounts, subject, reads, read_only)
+                yield from _mount_findings(
+                    kind,
+                    container,
+                    mounts,
+                    subject,
+                    reads,
+                    read_only,
+                    mutated=container.get("name") in mutated,
+                )
 
 
 def _names_visible(container: Mapping[str, Any]) -> bool:
