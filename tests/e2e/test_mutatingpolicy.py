@@ -64,7 +64,7 @@ class MapCluster(NamedTuple):
 
 
 # Each example is two or three dry-run creates (~10 ms each).
-EXAMPLES: Final = 400
+EXAMPLES: Final = 700
 
 
 @pytest.fixture(scope="module", params=POLICY_FILES)

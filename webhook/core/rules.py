@@ -684,7 +684,8 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                     subject,
                     reads,
                     read_only,
-                    mutated=container.get("name") in mutated,
+                    # A string first: a list or map as a name is unhashable.
+                    mutated=isinstance(name := container.get("name"), str) and name in mutated,
                 )
 
 
