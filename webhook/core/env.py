@@ -217,8 +217,11 @@ def spelling_prefixes(container: Mapping[str, Any]) -> list[str]:
 
 def spells_guarded(prefix: str) -> bool:
     """Some key after ``prefix`` makes a guarded name, or a name of a guarded channel."""
-    names = (*GUARDED_NAMES, *DEVICE_NAMES, *LIMIT_NAMES)
-    prefixes = (*GUARDED_PREFIXES, *DEVICE_PREFIXES, *LIMIT_PREFIXES)
-    return any(name.startswith(prefix) and name != prefix for name in names) or any(
-        name.startswith(prefix) or prefix.startswith(name) for name in prefixes
+    return any(name.startswith(prefix) and name != prefix for name in SPELLED_NAMES) or any(
+        name.startswith(prefix) or prefix.startswith(name) for name in SPELLED_PREFIXES
     )
+
+
+# What an envFrom prefix may not spell (spells_guarded), one table for the core and the CEL.
+SPELLED_NAMES: Final = (*GUARDED_NAMES, *DEVICE_NAMES, *LIMIT_NAMES)
+SPELLED_PREFIXES: Final = (*GUARDED_PREFIXES, *DEVICE_PREFIXES, *LIMIT_PREFIXES)

@@ -12,7 +12,11 @@ from typing import Any, Final, Literal, NamedTuple
 from webhook.core.env import (
     CHANNEL_RULES,
     CONTAINER_CLASSES,
+    DEVICE_NAMES,
     DEVICE_PINS,
+    DEVICE_PREFIXES,
+    LIMIT_NAMES,
+    LIMIT_PREFIXES,
     ContainerClass,
     channel_of,
     effective_env,
@@ -81,17 +85,9 @@ _SWITCHES: Final = frozenset(
     }
 )
 _JUDGED_ENV: Final = frozenset({"NVIDIA_VISIBLE_DEVICES"})
-# What every guarded name starts with: one startswith per env entry turns nearly all away.
-_CHANNEL_STARTS: Final = (
-    "NVIDIA_",
-    "DOCKER_RESOURCE_",
-    "CUDA_",
-    "LIBCUDA_",
-    "ACTIVE_OOM",
-    "GPU_CORE",
-    "RECORD_KERNEL",
-    "CGPU_",
-)
+# What every guarded name starts with (env's tables, a name being its own prefix): one
+# startswith per env entry turns nearly all away before channel_of runs.
+_CHANNEL_STARTS: Final = (*DEVICE_PREFIXES, *DEVICE_NAMES, *LIMIT_NAMES, *LIMIT_PREFIXES)
 _GPU_JUDGED_ENV: Final = _JUDGED_ENV | _SWITCHES
 # A percent as ASCII digits: str.isdigit() takes "\u00b2", and int() then raises.
 _PERCENT: Final = re.compile(r"[0-9]{1,9}")
@@ -640,7 +636,11 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                         "makes the NVIDIA runtime give a GPU slice every driver capability "
                         "(graphics, display); set NVIDIA_REQUIRE_CUDA or remove CUDA_VERSION",
                     )
-            if runtime and not asks_for_gpu(container, policy) and not _names_visible(container):
+            if (
+                runtime
+                and not asks_for_gpu(container, policy)
+                and not _sets(container, "NVIDIA_VISIBLE_DEVICES")
+            ):
                 yield Finding(
                     "host-device-access",
                     f"{_label(kind, container)}: runtimeClassName {spec['runtimeClassName']} "
@@ -687,16 +687,6 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                     # A string first: a list or map as a name is unhashable.
                     mutated=isinstance(name := container.get("name"), str) and name in mutated,
                 )
-
-
-def _names_visible(container: Mapping[str, Any]) -> bool:
-    """Some env entry of ``container`` is NVIDIA_VISIBLE_DEVICES (raw-visible-devices
-    judges its value)."""
-    env = container.get("env")
-    return isinstance(env, list) and any(
-        isinstance(entry, MAPPINGS) and entry.get("name") == "NVIDIA_VISIBLE_DEVICES"
-        for entry in env
-    )
 
 
 # Any *cdi.k8s.io/ key: the NVIDIA runtime's cdi mode reads the keys under its

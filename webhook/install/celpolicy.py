@@ -132,6 +132,8 @@ from webhook.core.env import (
     LIMIT_PREFIXES,
     MANAGED_NAMES,
     MANAGED_PREFIXES,
+    SPELLED_NAMES,
+    SPELLED_PREFIXES,
     Channel,
     ContainerClass,
 )
@@ -691,11 +693,9 @@ def _legacy(c: str) -> str:
 
 def _spells(prefix: str) -> str:
     """``env.spells_guarded`` of the CEL string ``prefix``."""
-    names = (*GUARDED_NAMES, *DEVICE_NAMES, *LIMIT_NAMES)
-    prefixes = (*GUARDED_PREFIXES, *DEVICE_PREFIXES, *LIMIT_PREFIXES)
     return (
-        f"{_list(names)}.exists(n, n.startsWith({prefix}) && n != {prefix}) || "
-        f"{_list(prefixes)}.exists(n, n.startsWith({prefix}) || {prefix}.startsWith(n))"
+        f"{_list(SPELLED_NAMES)}.exists(n, n.startsWith({prefix}) && n != {prefix}) || "
+        f"{_list(SPELLED_PREFIXES)}.exists(n, n.startsWith({prefix}) || {prefix}.startsWith(n))"
     )
 
 
