@@ -545,6 +545,9 @@ class Policy:
     # (name, value) of each env.DEVICE_PINS entry a slice container gets pinned: those the
     # policy does not admit in slices with any value.
     device_pins: tuple[tuple[str, str], ...] = field(init=False, repr=False, compare=False)
+    # The host files every vGPU or MPS pod of a node shares (the library, the preload
+    # file, the MPS pipe directory), normalised: no pod may mount one writable.
+    shared_host_paths: frozenset[str] = field(init=False, repr=False, compare=False)
     # The count resource each slice resource implies when asked for alone (implied_count).
     implied_counts: Mapping[str, str] = field(init=False, repr=False, compare=False)
 
@@ -577,6 +580,8 @@ class Policy:
             if not self.env_admits(name, None, "slice")
         )
         object.__setattr__(self, "device_pins", pins)
+        shared = (self.library_host_path, self.preload_host_path, self.mps_pipe_directory)
+        object.__setattr__(self, "shared_host_paths", frozenset(map(normalised, shared)))
 
     def _class_resources(self) -> None:
         object.__setattr__(

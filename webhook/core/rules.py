@@ -545,11 +545,7 @@ def _shared_host_volumes(spec: Mapping[str, Any], policy: Policy) -> frozenset[s
     volumes = spec.get("volumes")
     if not isinstance(volumes, list):
         return frozenset()
-    shared = {
-        normalised(policy.library_host_path),
-        normalised(policy.preload_host_path),
-        normalised(policy.mps_pipe_directory),
-    }
+    shared = policy.shared_host_paths
     names: set[str] = set()
     for volume in volumes:
         if isinstance(volume, MAPPINGS):
