@@ -225,7 +225,7 @@ ENV_NAMES: Final = tuple(_ENV_VALUES)
 _CHANNEL_VALUES: Final[Mapping[str, Sequence[str]]] = {
     "NVIDIA_DRIVER_CAPABILITIES": ("compute,utility", " video", "graphics", "all", "compute,,"),
     "NVIDIA_GDS": ("enabled", "disabled"),
-    "NVIDIA_IMEX_CHANNELS": ("0", "all", "channelall"),
+    "NVIDIA_IMEX_CHANNELS": ("0", "all", "channelall", "1, channel2", "0,all"),
     "NVIDIA_REQUIRE_JETPACK": ("csv-mounts=all",),
     "NVIDIA_REQUIRE_CUDA": ("cuda>=12.0",),
     "NVIDIA_API_KEY": ("nvapi-x",),

@@ -9,6 +9,8 @@ it (both webhooks on a CREATE); controls are what real workloads set.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Final
 
 import pytest
@@ -26,6 +28,7 @@ from tests.core.test_bypass import (
 )
 from tests.core.test_threats import config_map
 from webhook.core.env import channel_of
+from webhook.core.policy import PolicyError
 
 Obj = dict[str, Any]
 
@@ -75,13 +78,27 @@ def test_gated_modifiers_in_whole_gpu_containers_are_admitted(name: str) -> None
     assert review(in_whole(env(name, "enabled")))["allowed"]
 
 
-@pytest.mark.parametrize("where", [in_slice, in_plain, in_whole])
-@pytest.mark.parametrize("value", ["0,1", "channelall"])
-def test_imex_channels_by_env_are_refused(where: Any, value: str) -> None:
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        *((w, v) for w in (in_slice, in_plain) for v in ("0", "0,1", "channelall")),
+        *((in_whole, v) for v in ("all", "channelall", "0,all", "1, channelall", "0x1", "-1")),
+    ],
+)
+def test_imex_channels_beyond_numbered_ones_of_whole_gpus_are_refused(
+    where: Any, value: str
+) -> None:
     # cuda_image.go ImexChannelRequests: the channels become CDI devices mode=imex,id=N,
     # and pkg/nvcdi/lib-imex.go expands "channelall" to every channel of the node: the
-    # boundary between tenants' NVLink memory. ComputeDomain claims hand out one's own.
+    # boundary between tenants' NVLink memory.
     assert_refused(review(where(env("NVIDIA_IMEX_CHANNELS", value))), "raw-visible-devices")
+
+
+@pytest.mark.parametrize("value", ["0", "channel3", "0, 1", "7,channel8"])
+def test_numbered_imex_channels_of_whole_gpus_are_admitted(value: str) -> None:
+    # GB200 multi-node NVLink jobs that own their GPUs (lib-imex.go getChannelIDs:
+    # a "channel" prefix dropped, then a decimal id).
+    assert review(in_whole(env("NVIDIA_IMEX_CHANNELS", value)))["allowed"]
 
 
 def test_a_slice_made_a_legacy_image_by_its_env_is_refused() -> None:
@@ -218,6 +235,47 @@ def test_the_policy_opens_more() -> None:
 def test_an_allowance_for_an_unguarded_name_is_a_policy_error() -> None:
     with pytest.raises(Exception, match="NVIDA_GDS"):
         policy_with("  env:\n    allowed:\n      - {name: NVIDA_GDS}\n")
+
+
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [
+        ("[0-9", "not a regular expression"),
+        (".*", "'.' is not allowed"),
+        ("[^a]+", "'^' is not allowed"),
+        ("a,b", "',' is not allowed"),
+        ("a b", "' ' is not allowed"),
+        (r"\d+", "only \\. and \\- may be escaped"),
+        ("(?=a)a", "only (?: groups"),
+        ("(?i)a", "only (?: groups"),
+    ],
+)
+def test_an_item_pattern_core_and_cel_could_read_apart_is_a_policy_error(
+    pattern: str, reason: str
+) -> None:
+    # The in-apiserver policies match one RE2 expression over the whole comma list: a
+    # pattern that matches a comma, a blank or a tab, or reads differently in RE2, would
+    # judge a value otherwise than the core's split.
+    with pytest.raises(PolicyError, match=re.escape(reason)):
+        policy_with(
+            "  env:\n    allowed:\n"
+            f"      - {{name: NVIDIA_IMEX_CHANNELS, itemPattern: {json.dumps(pattern)}}}\n"
+        )
+
+
+def test_an_item_pattern_opens_items_beside_listed_ones() -> None:
+    policy = policy_with(
+        "  env:\n    allowed:\n"
+        "      - name: NVIDIA_DRIVER_CAPABILITIES\n"
+        "        items: [compute]\n"
+        '        itemPattern: "util(ity)?|vid{1,2}eo"\n'
+    )
+    for value in ("compute, utility", "util,compute", "viddeo"):
+        verdict = review(in_slice(env("NVIDIA_DRIVER_CAPABILITIES", value)), policy)
+        assert verdict["allowed"], (value, verdict["violations"])
+    for value in ("compute,graphics", "utilities", "compute,util ity"):
+        verdict = review(in_slice(env("NVIDIA_DRIVER_CAPABILITIES", value)), policy)
+        assert_refused(verdict, "raw-visible-devices")
 
 
 def test_channels() -> None:

@@ -575,6 +575,17 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         ),
         "raw-visible-devices",
     ),
+    "imex-numbered-and-all-in-whole": (
+        _pod(
+            "p",
+            _c(
+                gpu=False,
+                resources={"limits": {"nvidia.com/gpu": "1"}},
+                env=_env(("NVIDIA_IMEX_CHANNELS", "0,all")),
+            ),
+        ),
+        "raw-visible-devices",
+    ),
     "legacy-slice": (
         _pod("p", _c(env=_env(("CUDA_VERSION", "12.4"), ("NVIDIA_REQUIRE_CUDA", "")))),
         "raw-visible-devices",
@@ -688,6 +699,7 @@ ADMITTED: Final[dict[str, Obj]] = {
                 ("NVIDIA_GDS", "enabled"),
                 ("NVIDIA_DRIVER_CAPABILITIES", "all"),
                 ("CUDA_VERSION", "12.4"),
+                ("NVIDIA_IMEX_CHANNELS", "0, channel7"),
             ),
         ),
     ),

@@ -728,20 +728,25 @@ def slice_test(policy: Policy, c: str) -> str:
     return asks_test(c, " || ".join([*listed, _mig_test(policy)]))
 
 
-def _items_regex(items: Iterable[str]) -> str:
+def _items_regex(items: Iterable[str], pattern: str | None) -> str:
     """``EnvAllowance.admits``' comma list: each item, blanks and tabs around it dropped,
-    empty or among ``items``."""
-    words = "|".join(re.escape(item) for item in sorted(items))
-    item = f"[ \\t]*(?:{words})?[ \\t]*"
+    empty, among ``items`` or matching ``pattern`` (which cannot match a comma, a blank
+    or a tab: policy.item_pattern_problem, so one expression over the whole value says
+    what the core's split says)."""
+    words = [re.escape(item) for item in sorted(items)]
+    if pattern is not None:
+        words.append(f"(?:{pattern})")
+    item = f"[ \\t]*(?:{'|'.join(words)})?[ \\t]*"
     return f"^{item}(?:,{item})*$"
 
 
 def _allowance_test(allowance: EnvAllowance, value: str, opaque: str) -> str:
     """``EnvAllowance.admits`` of the CEL string ``value`` (unknown where ``opaque`` holds)."""
-    if allowance.items is not None:
-        return f"!({opaque}) && {value}.matches({literal(_items_regex(allowance.items))})"
     if allowance.values is not None:
         return f"!({opaque}) && {value} in {_list(allowance.values)}"
+    if allowance.items is not None or allowance.item_pattern is not None:
+        regex = _items_regex(allowance.items or (), allowance.item_pattern)
+        return f"!({opaque}) && {value}.matches({literal(regex)})"
     return "true"
 
 
