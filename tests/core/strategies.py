@@ -235,6 +235,8 @@ _CHANNEL_VALUES: Final[Mapping[str, Sequence[str]]] = {
     "LIBCUDA_LOG_LEVEL": ("4",),
     "CUDA_MPS_CLIENT_PRIORITY": ("0", "1", "2"),
     "CUDA_MPS_LOG_DIRECTORY": ("/tmp",),
+    "CUDA_MPS_PIPE_DIRECTORY": ("/tmp/nvidia-mps",),
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": ("100",),
 }
 # Names drawn more often: the ones the webhook reads, writes or forbids.
 _WEIGHTED_NAMES: Final = (

@@ -366,3 +366,36 @@ def test_a_gate_the_policy_opens_for_slices_is_not_pinned() -> None:
     final = env_of(review(in_slice(), policy)["object"])
     assert "NVIDIA_GDS" not in final
     assert final["NVIDIA_MOFED"] == "disabled"
+
+
+# ------------------------------------------------------------------ the MPS client's settings
+
+
+MPS_SETTINGS_SET: Final = (
+    ("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
+    ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100"),
+    ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=80G"),
+)
+
+
+@pytest.mark.parametrize(("name", "value"), MPS_SETTINGS_SET)
+@pytest.mark.parametrize("where", [in_slice, in_whole])
+def test_mps_client_settings_where_no_mps_slice_is_are_refused(
+    where: Any, name: str, value: str
+) -> None:
+    # The toolkit mounts the host's /tmp/nvidia-mps into every GPU container where it
+    # exists (internal/discover/ipc.go): a vGPU slice that points CUDA at it becomes a
+    # client of the node's daemon, whose server process owns its allocations; a whole GPU
+    # that another stack's MPS daemon shares leaves its limits by pointing elsewhere.
+    assert_refused(review(where(env(name, value))), "limit-tampering")
+
+
+@pytest.mark.parametrize(("name", "value"), MPS_SETTINGS_SET)
+def test_mps_client_settings_of_an_mps_slice_are_overwritten(name: str, value: str) -> None:
+    mps = pod(
+        container("main", limits=MPS_SLICE, env=[env(name, value)]),
+        annotations={"gpushare.io/mode": "mps"},
+    )
+    verdict = review(mps)
+    assert verdict["allowed"], verdict["violations"]
+    assert verdict["mode"] == "mps"

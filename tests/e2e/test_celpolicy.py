@@ -606,6 +606,21 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         _pod("p", _c(env=_env(("CUDA_MPS_CLIENT_PRIORITY", "5")))),
         "limit-tampering",
     ),
+    "mps-pipe-in-vgpu-slice": (
+        _pod("p", _c(env=_env(("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")))),
+        "limit-tampering",
+    ),
+    "mps-threads-in-whole": (
+        _pod(
+            "p",
+            _c(
+                gpu=False,
+                resources={"limits": {"nvidia.com/gpu": "1"}},
+                env=_env(("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")),
+            ),
+        ),
+        "limit-tampering",
+    ),
     "host-pid": (_pod("p", _c(), hostPID=True), "host-device-access"),
     "host-ipc-vgpu": (_pod("p", _c(), hostIPC=True), "host-device-access"),
     "sysfs-writable": (_writable_host("/sys/bus//pci"), "host-device-access"),

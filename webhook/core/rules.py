@@ -451,13 +451,24 @@ _CLASS_WORDS: Final[dict[str, str]] = {
 
 
 def _allowlist_finding(
-    label: str, name: str, value: str | None, klass: ContainerClass, policy: Policy
+    label: str,
+    name: str,
+    value: str | None,
+    klass: ContainerClass,
+    policy: Policy,
+    *,
+    mps_client: bool,
 ) -> Finding | None:
     """The env channel's default-deny on one entry of a guarded name that no rule of its
-    own judges (webhook.core.env.channel_of, managed)."""
+    own judges (webhook.core.env.channel_of, managed), in a container of class ``klass``
+    that is or is not an MPS client the mutation sets up."""
     channel = channel_of(name)
     # A device pin's value grants nothing: what the mutation sets is no violation.
-    if channel is None or managed(name) or (value is not None and DEVICE_PINS.get(name) == value):
+    if (
+        channel is None
+        or managed(name, mps_client=mps_client)
+        or (value is not None and DEVICE_PINS.get(name) == value)
+    ):
         return None
     shown_value = None if opaque(value) else value
     if policy.env_admits(name, shown_value, klass):
@@ -579,6 +590,13 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
         if subject.injection.mounts
         else set()
     )
+    # The containers the mutation gives the MPS client's settings (wanted_env): those
+    # that share a GPU in an MPS pod (an ephemeral container cannot ask for one).
+    mps_clients = (
+        {r.name for r in subject.requests.containers if r.shares}
+        if subject.mode == "mps"
+        else set()
+    )
     spec = subject.view.spec
     read_only = subject.injection.read_only_volumes | _shared_host_volumes(spec, policy)
     # Under the NVIDIA runtime a container without the void sees what its image bakes.
@@ -667,7 +685,14 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                         if klass is None:
                             klass = container_class(container, policy)
                         finding = _allowlist_finding(
-                            _label(kind, container), name, env_value(entry), klass, policy
+                            _label(kind, container),
+                            name,
+                            env_value(entry),
+                            klass,
+                            policy,
+                            # A string first: a list or map as a name is unhashable.
+                            mps_client=isinstance(cname := container.get("name"), str)
+                            and cname in mps_clients,
                         )
                         if finding is not None:
                             yield finding

@@ -132,6 +132,7 @@ from webhook.core.env import (
     LIMIT_PREFIXES,
     MANAGED_NAMES,
     MANAGED_PREFIXES,
+    MPS_SETTINGS,
     SPELLED_NAMES,
     SPELLED_PREFIXES,
     Channel,
@@ -715,9 +716,12 @@ def channel_test(name: str, channel: Channel) -> str:
     return " || ".join(terms)
 
 
-def _managed(name: str) -> str:
-    """``env.managed`` of the CEL string ``name``."""
+def _managed(name: str, *, mps_client: str | None) -> str:
+    """``env.managed`` of the CEL string ``name`` in a container that is a slice of an MPS
+    pod where ``mps_client`` holds (None: never)."""
     terms = [f"{name} in {_list(sorted(MANAGED_NAMES))}", *_starts(name, MANAGED_PREFIXES)]
+    if mps_client is not None:
+        terms.append(f"({mps_client} && {name} in {_list(sorted(MPS_SETTINGS))})")
     return " || ".join(terms)
 
 
@@ -785,11 +789,15 @@ def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
         for name, value in DEVICE_PINS.items()
     )
 
+    # The containers the mutation gives the MPS client's settings (mutation.wanted_env).
+    mps_client = f"variables.mode == 'mps' && {asks_test('c', _sharing_test(policy))}"
+
     def unadmitted(klass: ContainerClass) -> str:
         admitted = env_admitted(policy, "e.name", _value("e"), _opaque("e"), klass)
+        managed = _managed("e.name", mps_client=mps_client)
         return (
             f"c.env.exists(e, has(e.name) && ({channel_test('e.name', channel)}) && "
-            f"!({_managed('e.name')}) && !({pinned}) && !({admitted}))"
+            f"!({managed}) && !({pinned}) && !({admitted}))"
         )
 
     return (
