@@ -20,14 +20,17 @@ from tests.core.test_bypass import (
     assert_refused,
     container,
     env_of,
+    file_preload,
     gpu,
     pod,
     policy_with,
     review,
     sidecar,
+    stored,
 )
 from tests.core.test_threats import config_map
 from webhook.core.env import channel_of
+from webhook.core.injection import LIBRARY_PATH
 from webhook.core.policy import PolicyError
 
 Obj = dict[str, Any]
@@ -399,3 +402,32 @@ def test_mps_client_settings_of_an_mps_slice_are_overwritten(name: str, value: s
     verdict = review(mps)
     assert verdict["allowed"], verdict["violations"]
     assert verdict["mode"] == "mps"
+
+
+# ------------------------------------------------------------------ LD_PRELOAD
+
+
+@pytest.mark.parametrize(
+    ("user", "stored_value"),
+    [
+        ("/app/libmyhook.so", f"{LIBRARY_PATH}:/app/libmyhook.so"),
+        (f"/app/a.so {LIBRARY_PATH}", f"{LIBRARY_PATH}:/app/a.so"),
+        ("", LIBRARY_PATH),
+    ],
+)
+def test_with_the_preload_as_a_file_a_users_ld_preload_comes_after_libvgpu(
+    user: str, stored_value: str
+) -> None:
+    # glibc loads LD_PRELOAD's objects before /etc/ld.so.preload's (elf/rtld.c dl_main):
+    # a library that defines cuMemAlloc_v2 or dlsym would be found before HAMi-core's.
+    obj = stored(pod(gpu(env=[env("LD_PRELOAD", user)])), file_preload())
+    assert env_of(obj)["LD_PRELOAD"] == stored_value
+
+
+def test_with_the_preload_as_a_file_no_ld_preload_is_added() -> None:
+    obj = stored(pod(gpu()), file_preload())
+    assert "LD_PRELOAD" not in env_of(obj)
+    # A ConfigMap's value is replaced by ours: it cannot be merged before the kubelet reads it.
+    source = env("LD_PRELOAD", configMapKeyRef={"name": "libs", "key": "preload"})
+    obj = stored(pod(gpu(env=[source])), file_preload())
+    assert env_of(obj)["LD_PRELOAD"] == LIBRARY_PATH

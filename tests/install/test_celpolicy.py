@@ -397,8 +397,10 @@ def test_unmutated_gpu_pod_asks_for_what_the_policys_mutation_injects() -> None:
     strict = celpolicy.rule_expressions(STRICT)["unmutated-gpu-pod"]
     for name in ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY"):
         assert name in default and name in strict, name
-    # preload: env prepends the library; preload: file mounts ld.so.preload.
-    assert "LD_PRELOAD" in default and "LD_PRELOAD" not in strict
+    # preload: env prepends the library; preload: file mounts ld.so.preload, and puts the
+    # library first only in an LD_PRELOAD the container sets.
+    assert "LD_PRELOAD" in default and "names.lastIndexOf('LD_PRELOAD') < 0 ||" not in default
+    assert "names.lastIndexOf('LD_PRELOAD') < 0 ||" in strict
     assert "/etc/ld.so.preload" in strict and "/etc/ld.so.preload" not in default
     assert '"force"' in strict  # strict's coreUtilizationPolicy
     # No stricter than the webhook with its cluster view: the per-GPU memory limits of a

@@ -1441,15 +1441,20 @@ def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
             _env_is("'CUDA_MPS_PIPE_DIRECTORY'", literal(policy.mps_pipe_directory)),
         ]
     tests = []
+    # _merged: ours first, then the user's libraries, split on ':' and ' ', without
+    # empty ones or ours again.
+    lib = literal(LIBRARY_PATH)
+    merged = (
+        f"v == {lib} || (v.startsWith({lib} + ':') && !v.contains(' ') && "
+        f"v.substring({len(LIBRARY_PATH) + 1}).split(':').all(p, p != '' && p != {lib}))"
+    )
     if policy.preload == "env":
-        # _merged: ours first, then the user's libraries, split on ':' and ' ', without
-        # empty ones or ours again.
-        lib = literal(LIBRARY_PATH)
-        merged = (
-            f"v == {lib} || (v.startsWith({lib} + ':') && !v.contains(' ') && "
-            f"v.substring({len(LIBRARY_PATH) + 1}).split(':').all(p, p != '' && p != {lib}))"
-        )
         tests.append(_env_holds("'LD_PRELOAD'", merged))
+    else:
+        # mutation._PRELOAD_BEFORE_USERS: only where the container sets one.
+        absent = "names.lastIndexOf('LD_PRELOAD') < 0"
+        holds = _env_holds("'LD_PRELOAD'", merged)
+        tests.append(f"{absent} || {holds}")
     memory = "'CUDA_DEVICE_MEMORY_LIMIT_' + string(i)"
     mib = f"string({m}) + 'm'"
     tests.append(f"{m} <= 0 || {_indices(g)}.all(i, {_env_is(memory, mib)})")
