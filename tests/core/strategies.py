@@ -341,12 +341,14 @@ INJECTED_VOLUMES: Final[tuple[Obj, ...]] = (
         "name": "gpushare-mps-pipe",
         "hostPath": {"path": "/tmp/nvidia-mps", "type": "DirectoryOrCreate"},
     },
+    {"name": "gpushare-vgpu-override-env", "emptyDir": {}},
 )
 INJECTED_NAMES: Final = (
     "gpushare-vgpu-lib",
     "gpushare-vgpu-lock",
     "gpushare-vgpu-preload",
     "gpushare-mps-pipe",
+    "gpushare-vgpu-override-env",
 )
 MOUNT_PATHS: Final = (
     "/data",
@@ -920,6 +922,7 @@ _INJECTED_MOUNT_PATHS: Final = (
     "/etc/ld.so.preload",
     "/tmp/nvidia-mps",
     "/tmp/vgpulock",
+    "/overrideEnv",
     "/hook",
     "/opt/lib/libvgpu.so",
 )

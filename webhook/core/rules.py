@@ -30,6 +30,7 @@ from webhook.core.finding import Finding, quoted
 from webhook.core.injection import (
     LIBRARY_PATH,
     MPS_LIMIT_VARS,
+    OVERRIDE_ENV_FILE,
     PLAIN,
     PRELOAD_FILE,
     REGION_DIR,
@@ -171,13 +172,12 @@ DEVICE_REQUEST_MARK: Final = "nvidia-container-devices"
 # /usr/bin/vgpuvalidator; HAMi-core setenv()s each line of /overrideEnv at NVML init and
 # hard-codes /usr/local/vgpu (HAMi's per-container directory, the library) and
 # /tmp/vgpulock.
-OVERRIDE_ENV: Final = "/overrideEnv"
 # Paths HAMi hard-codes inside the container, no temporary files of ours.
 HAMI_LOCK_DIR: Final = "/tmp/vgpulock"  # noqa: S108
 HAMI_LICENSE: Final = ("/tmp/license", "/usr/bin/vgpuvalidator")  # noqa: S108
 READ_PATHS: Final = (
     PRELOAD_FILE,
-    OVERRIDE_ENV,
+    OVERRIDE_ENV_FILE,
     posixpath.dirname(LIBRARY_PATH),
     HAMI_LOCK_DIR,
     *HAMI_LICENSE,
