@@ -194,7 +194,7 @@ ATTACKS = (
         lambda r: cards(r) == list(ALL_CARDS),
     ),
     # 2.11 the same spelled with "..": the toolkit cleans the destination
-    # (cuda_image.go:374), runc resolves it; CEL cannot (threat model section 4, item 7).
+    # (cuda_image.go:372), runc resolves it; CEL cannot (threat model section 4, item 7).
     Attack(
         "device-request-dotdot",
         "host-device-access",
