@@ -142,6 +142,21 @@ class NodeHarness:
         parsed: Report = json.loads(logs.strip().splitlines()[0])
         return parsed
 
+    def debug(self, namespace: str, name: str, image: str) -> Report:
+        """Add the ephemeral container ``debug`` running ``image`` to a running pod (as
+        ``kubectl debug`` does, through ``pods/ephemeralcontainers``), wait until it runs
+        and return what its probe reported. An admission refusal raises ApiException."""
+        body = {"spec": {"ephemeralContainers": [container("debug", image)]}}
+        self.core.patch_namespaced_pod_ephemeralcontainers(name, namespace, body)
+        deadline = time.monotonic() + _RUN_TIMEOUT
+        while time.monotonic() < deadline:
+            statuses = self.core.read_namespaced_pod(name, namespace).status
+            running = [s for s in statuses.ephemeral_container_statuses or () if s.state.running]
+            if running:
+                return self.report(namespace, name, "debug")
+            time.sleep(0.2)
+        raise AssertionError(f"{namespace}/{name}: the ephemeral container never ran")
+
     def annotations(self, namespace: str, name: str) -> dict[str, str]:
         found: dict[str, str] = self.core.read_namespaced_pod(name, namespace).metadata.annotations
         return found or {}

@@ -154,6 +154,29 @@ def test_a_gpu_runtime_class_voids_cuda_images_and_an_unlisted_one_does_not(
         assert cards(report) == list(ALL_CARDS)
 
 
+@on("default", "hardened")
+def test_an_ephemeral_cuda_container(node: NodeHarness) -> None:
+    # kubectl debug adds a container the mutation never sees. Under a GPU runtime class
+    # one without the void is refused; in a GPU pod it is admitted and gets what its
+    # image asks for, as a plain pod does: every card unless node setting 1.
+    from kubernetes import client
+
+    _runtime_class(node, LISTED_CLASS)
+    namespace = node.namespace("debug")
+    node.run(namespace, pod("classed", container("main"), runtimeClassName=LISTED_CLASS))
+    with pytest.raises(client.ApiException) as refused:
+        node.debug(namespace, "classed", CUDA)
+    assert "host-device-access" in str(refused.value.body)
+
+    node.run(namespace, pod("vgpu", container("main", resources=gpu_limits())))
+    report = node.debug(namespace, "vgpu", CUDA)
+    assert report["env"]["NVIDIA_VISIBLE_DEVICES"] == "all"
+    if node.profile == "hardened":
+        assert report["devices"] == []
+    else:
+        assert cards(report) == list(ALL_CARDS)
+
+
 @on("default")
 def test_the_slice_pins_beat_the_images_env(node: NodeHarness) -> None:
     namespace = node.namespace("pins")
