@@ -86,6 +86,18 @@ IMAGES: Final[Mapping[str, tuple[str, ...]]] = {
         "CUDA_VERSION=12.4.1",
     ),
     "gpushare.test/cuda-legacy:1": (_PATH_ENV, "CUDA_VERSION=12.4.1"),
+    # A CUDA image that also bakes the toolkit's gated modifiers and IMEX channels (as
+    # GPUDirect Storage and multi-node NVLink images do): what the mutation's pins in a
+    # slice container must beat.
+    "gpushare.test/gates:1": (
+        _PATH_ENV,
+        "NVIDIA_VISIBLE_DEVICES=all",
+        "NVIDIA_GDS=enabled",
+        "NVIDIA_MOFED=enabled",
+        "NVIDIA_GDRCOPY=enabled",
+        "NVIDIA_NVSWITCH=enabled",
+        "NVIDIA_IMEX_CHANNELS=all",
+    ),
 }
 PAUSE_IMAGE: Final = "gpushare.test/pause:1"
 
