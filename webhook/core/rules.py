@@ -504,13 +504,23 @@ def _mount_findings(
         if not isinstance(mount, MAPPINGS):
             continue
         target = mount.get("mountPath")
-        shadowed = (
-            _shadowed(target, reads)
-            if isinstance(target, str)
-            and (DEVICE_REQUEST_MARK in target or not names.isdisjoint(target.split("/")))
-            else None
+        segments = target.split("/") if isinstance(target, str) else ()
+        named = isinstance(target, str) and (
+            DEVICE_REQUEST_MARK in target or not names.isdisjoint(segments)
         )
-        if shadowed == "device-request":
+        shadowed = _shadowed(target, reads) if named and isinstance(target, str) else None
+        if named and ".." in segments:
+            # The toolkit and the runtime clean the path; the in-apiserver policies cannot
+            # (CEL has no path resolution) and judge pods no webhook sees on 1.36+. So a
+            # '..' beside anything the GPU stack reads is refused wherever it leads.
+            found.append(
+                Finding(
+                    "host-device-access",
+                    f"{_label(kind, container)}: a mount at {target} names a path the GPU "
+                    "stack reads with '..'; write the path without '..'",
+                )
+            )
+        elif shadowed == "device-request":
             found.append(
                 Finding(
                     "host-device-access",

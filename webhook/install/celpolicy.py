@@ -169,6 +169,7 @@ from webhook.core.rules import (
     _SIDE_ROOTS,
     CDI_MARK,
     CRIO_DEVICE_KEYS,
+    DEVICE_REQUEST_MARK,
     STACK_FILE_PREFIXES,
     STACK_ROOTS,
     SYS_ADMIN,
@@ -1001,17 +1002,21 @@ def _shadow(policy: Policy, mount: str) -> str:
     root a string prefix of the destination, raw or cleaned), or lies at or below a path
     the GPU stack reads inside the container and is not a mount the mutation injects. A
     mountPath may hold ``..`` (the apiserver allows it there), which CEL cannot resolve:
-    those are the webhook's alone."""
+    one beside the device-request mark or a read path's name is refused wherever it leads."""
     target = f"{mount}.mountPath"
     requests = " || ".join(
         f"{v}.startsWith({literal(d)})" for v in (target, "q") for d in _DEVICE_REQUEST_DIRS
     )
-    roots = read_paths(policy).roots
-    reads = _reaching("q", roots, parents=False)
+    paths = read_paths(policy)
+    reads = _reaching("q", paths.roots, parents=False)
+    named = (
+        f"{target}.contains({literal(DEVICE_REQUEST_MARK)}) || "
+        f"{target}.split('/').exists(s, s in {_list(sorted(paths.names))})"
+    )
     return (
-        f"has({target}) && !{target}.split('/').exists(s, s == '..') && "
+        f"has({target}) && ({target}.split('/').exists(s, s == '..') ? ({named}) : "
         f"[{_normalised(target)}].exists(q, {requests} || "
-        f"(({reads}) && !({_injected_mount(policy, mount)})))"
+        f"(({reads}) && !({_injected_mount(policy, mount)}))))"
     )
 
 
