@@ -339,7 +339,7 @@ INJECTED_VOLUMES: Final[tuple[Obj, ...]] = (
     },
     {
         "name": "gpushare-mps-pipe",
-        "hostPath": {"path": "/tmp/nvidia-mps", "type": "DirectoryOrCreate"},
+        "hostPath": {"path": "/tmp/nvidia-mps", "type": "Directory"},
     },
     {"name": "gpushare-vgpu-override-env", "emptyDir": {}},
 )

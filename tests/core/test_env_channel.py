@@ -86,6 +86,9 @@ def test_gated_modifiers_in_whole_gpu_containers_are_admitted(name: str) -> None
     [
         *((w, v) for w in (in_slice, in_plain) for v in ("0", "0,1", "channelall")),
         *((in_whole, v) for v in ("all", "channelall", "0,all", "1, channelall", "0x1", "-1")),
+        # A list names as many channels as it likes (every one, without "all"); another
+        # number is a channel no device plugin handed out.
+        *((in_whole, v) for v in ("0,1", "channel0,channel1", "7", "channel7", " 0")),
     ],
 )
 def test_imex_channels_beyond_numbered_ones_of_whole_gpus_are_refused(
@@ -97,11 +100,26 @@ def test_imex_channels_beyond_numbered_ones_of_whole_gpus_are_refused(
     assert_refused(review(where(env("NVIDIA_IMEX_CHANNELS", value))), "raw-visible-devices")
 
 
-@pytest.mark.parametrize("value", ["0", "channel3", "0, 1", "7,channel8"])
-def test_numbered_imex_channels_of_whole_gpus_are_admitted(value: str) -> None:
-    # GB200 multi-node NVLink jobs that own their GPUs (lib-imex.go getChannelIDs:
-    # a "channel" prefix dropped, then a decimal id).
+@pytest.mark.parametrize("value", ["0", "channel0"])
+def test_imex_channel_zero_of_whole_gpus_is_admitted(value: str) -> None:
+    # GB200 multi-node NVLink jobs that own their GPUs: channel 0 is the one NVIDIA's
+    # device plugin hands out (k8s-device-plugin api/config/v1/imex.go); lib-imex.go
+    # getChannelIDs drops a "channel" prefix.
     assert review(in_whole(env("NVIDIA_IMEX_CHANNELS", value)))["allowed"]
+
+
+def test_a_policy_opens_numbered_imex_channels_with_an_item_pattern() -> None:
+    policy = policy_with(
+        "  env:\n    allowed:\n"
+        '      - {name: NVIDIA_IMEX_CHANNELS, itemPattern: "(channel)?[0-9]+", '
+        "containers: [whole]}\n"
+    )
+    for value in ("3", "channel3, 4"):
+        verdict = review(in_whole(env("NVIDIA_IMEX_CHANNELS", value)), policy)
+        assert verdict["allowed"], (value, verdict["violations"])
+    for value in ("channelall", "3,all"):
+        verdict = review(in_whole(env("NVIDIA_IMEX_CHANNELS", value)), policy)
+        assert_refused(verdict, "raw-visible-devices")
 
 
 def test_a_slice_made_a_legacy_image_by_its_env_is_refused() -> None:

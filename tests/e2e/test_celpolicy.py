@@ -707,7 +707,7 @@ ADMITTED: Final[dict[str, Obj]] = {
                 ("NVIDIA_GDS", "enabled"),
                 ("NVIDIA_DRIVER_CAPABILITIES", "all"),
                 ("CUDA_VERSION", "12.4"),
-                ("NVIDIA_IMEX_CHANNELS", "0, channel7"),
+                ("NVIDIA_IMEX_CHANNELS", "channel0"),
             ),
         ),
     ),

@@ -136,9 +136,13 @@ def injection_for(mode: Mode, policy: Policy) -> Injection:
     if mode == "mps":
         return Injection(
             volumes=(
+                # Directory, not DirectoryOrCreate: on a node without the daemon's pipe
+                # directory an empty one would be made, the client would find no daemon
+                # and CUDA would run without MPS, and without its limits
+                # (nvidia-cuda-mps-control(1)); the pod fails to start instead.
                 {
                     "name": VOLUME_MPS_PIPE,
-                    "hostPath": {"path": policy.mps_pipe_directory, "type": "DirectoryOrCreate"},
+                    "hostPath": {"path": policy.mps_pipe_directory, "type": "Directory"},
                 },
             ),
             # Read-only: clients still reach the daemon's pipes and socket (FIFOs and
