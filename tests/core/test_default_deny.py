@@ -683,3 +683,32 @@ def test_hami_cores_override_file_is_pinned_by_the_mutation() -> None:
         assert all("configMap" not in v for v in volumes), volumes
     else:
         assert_refused(verdict, "host-device-access")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/ld.so.preload",
+        "/usr/local/vgpu/libvgpu.so",
+        "/overrideEnv",
+        "/var/run/nvidia-container-devices/all",
+        "/x/../etc/ld.so.preload",
+    ],
+)
+@pytest.mark.parametrize(
+    "gpu_pod", [pytest.param(True, id="gpu-pod"), pytest.param(False, id="plain-pod")]
+)
+def test_a_block_device_where_the_gpu_stack_reads_is_refused(path: str, gpu_pod: bool) -> None:
+    # A Block PVC's volumeDevices: runc makes (or, in a user namespace, bind-mounts) the
+    # device node at devicePath, over the preload list or the library.
+    main = gpu if gpu_pod else functools.partial(container, "app")
+    device = {"name": "disk", "devicePath": path}
+    claim = {"name": "disk", "persistentVolumeClaim": {"claimName": "raw"}}
+    obj = pod(main(volumeDevices=[device]), volumes=[claim])
+    assert_refused(review(obj), "host-device-access")
+
+
+def test_a_block_device_elsewhere_is_admitted() -> None:
+    device = {"name": "disk", "devicePath": "/dev/xvdb"}
+    claim = {"name": "disk", "persistentVolumeClaim": {"claimName": "raw"}}
+    assert review(pod(gpu(volumeDevices=[device]), volumes=[claim]))["allowed"]

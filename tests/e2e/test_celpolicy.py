@@ -614,6 +614,22 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         ),
         "limit-tampering",
     ),
+    "block-device-at-preload": (
+        _pod(
+            "p",
+            _c(gpu=False, volumeDevices=[{"name": "d", "devicePath": "/etc/ld.so.preload"}]),
+            volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "raw"}}],
+        ),
+        "host-device-access",
+    ),
+    "block-device-dotdot-library": (
+        _pod(
+            "p",
+            _c(volumeDevices=[{"name": "d", "devicePath": "/x/../usr/local/vgpu/libvgpu.so"}]),
+            volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "raw"}}],
+        ),
+        "host-device-access",
+    ),
     "host-pid": (_pod("p", _c(), hostPID=True), "host-device-access"),
     "host-ipc-vgpu": (_pod("p", _c(), hostIPC=True), "host-device-access"),
     "sysfs-writable": (_writable_host("/sys/bus//pci"), "host-device-access"),
@@ -696,6 +712,11 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
 
 ADMITTED: Final[dict[str, Obj]] = {
     "plain": _pod("p", _c(gpu=False)),
+    "block-device": _pod(
+        "p",
+        _c(gpu=False, volumeDevices=[{"name": "d", "devicePath": "/dev/xvdb"}]),
+        volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "raw"}}],
+    ),
     "plain-privileged": _pod("p", _c(gpu=False, securityContext={"privileged": True})),
     "plain-node-name": _pod("p", _c(gpu=False), nodeName="node-1"),
     "whole-gpu-gates": _pod(

@@ -718,6 +718,32 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                     # A string first: a list or map as a name is unhashable.
                     mutated=isinstance(name := container.get("name"), str) and name in mutated,
                 )
+            devices = container.get("volumeDevices")
+            if isinstance(devices, list):
+                yield from _device_findings(kind, container, devices, reads)
+
+
+def _device_findings(
+    kind: ContainerKind, container: Mapping[str, Any], devices: list[Any], reads: ReadPaths
+) -> Iterator[Finding]:
+    """A raw block device (a Block PVC's ``volumeDevices``) at a path the GPU stack reads:
+    runc makes or bind-mounts the device node there, over what the device plugin or the
+    mutation put (the library, the preload list). No device is ever injected."""
+    for device in devices:
+        if not isinstance(device, MAPPINGS):
+            continue
+        target = device.get("devicePath")
+        if not isinstance(target, str):
+            continue
+        segments = target.split("/")
+        if DEVICE_REQUEST_MARK not in target and reads.names.isdisjoint(segments):
+            continue
+        if ".." in segments or _shadowed(target, reads) is not None:
+            yield Finding(
+                "host-device-access",
+                f"{_label(kind, container)}: a block device at {target} replaces what the "
+                "GPU stack reads there; put it elsewhere",
+            )
 
 
 # Any *cdi.k8s.io/ key: the NVIDIA runtime's cdi mode reads the keys under its

@@ -997,6 +997,25 @@ def _host_paths(policy: Policy, containers: str, gpu: str, spec: str) -> str:
     )
 
 
+def _device_shadow(policy: Policy, device: str) -> str:
+    """``rules._device_findings``: a block device at (or, by ``..``, beside) a path the GPU
+    stack reads, or at a device request; none is ever injected."""
+    target = f"{device}.devicePath"
+    requests = " || ".join(
+        f"{v}.startsWith({literal(d)})" for v in (target, "q") for d in _DEVICE_REQUEST_DIRS
+    )
+    paths = read_paths(policy)
+    reads = _reaching("q", paths.roots, parents=False)
+    named = (
+        f"{target}.contains({literal(DEVICE_REQUEST_MARK)}) || "
+        f"{target}.split('/').exists(s, s in {_list(sorted(paths.names))})"
+    )
+    return (
+        f"has({target}) && ({named}) && ({target}.split('/').exists(s, s == '..') || "
+        f"[{_normalised(target)}].exists(q, {requests} || {reads}))"
+    )
+
+
 def _shadow(policy: Policy, mount: str) -> str:
     """``rules._mount_findings``' paths: ``mount`` asks the NVIDIA runtime for devices (its
     root a string prefix of the destination, raw or cleaned), or lies at or below a path
@@ -1045,8 +1064,9 @@ def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotatio
     """host-device-access of one pod: its hostPath volumes, its containers' mounts and
     its CDI annotations."""
     mounts = (
-        f"{containers}.exists(c, has(c.volumeMounts) && c.volumeMounts.exists(m, "
-        f"({_shadow(policy, 'm')}) || ({_read_only_volume(policy, 'm')})))"
+        f"{containers}.exists(c, (has(c.volumeMounts) && c.volumeMounts.exists(m, "
+        f"({_shadow(policy, 'm')}) || ({_read_only_volume(policy, 'm')}))) || "
+        f"(has(c.volumeDevices) && c.volumeDevices.exists(d, {_device_shadow(policy, 'd')})))"
     )
     cdi = _runtime_annotations(policy, annotations)
     namespaces = (
