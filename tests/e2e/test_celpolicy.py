@@ -622,10 +622,11 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         ),
         "host-device-access",
     ),
-    "block-device-dotdot-library": (
+    # (The apiserver refuses '..' in a devicePath.)
+    "block-device-at-library": (
         _pod(
             "p",
-            _c(volumeDevices=[{"name": "d", "devicePath": "/x/../usr/local/vgpu/libvgpu.so"}]),
+            _c(volumeDevices=[{"name": "d", "devicePath": "/usr/local/vgpu/libvgpu.so"}]),
             volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "raw"}}],
         ),
         "host-device-access",

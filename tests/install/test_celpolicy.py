@@ -333,9 +333,9 @@ def test_host_device_access_in_denylist_mode_has_no_allow_list() -> None:
     # preload: env injects no file; HAMi's device plugin still mounts one in containers.
     assert '"/usr/local/vgpu/ld.so.preload"' not in expression
     assert 'q == "/etc/ld.so.preload"' in expression or '"/etc/ld.so.preload"' in expression
-    # Mount paths with a ".." segment are left to the webhook, hostPaths need no such
-    # guard (the apiserver refuses them).
-    assert expression.count("s == '..'") == 2  # new and old pod, mountPath only
+    # Mount and device paths with a ".." segment are refused where they name something
+    # the GPU stack reads; hostPaths need no such guard (the apiserver refuses them).
+    assert expression.count("s == '..'") == 4  # new and old pod, mountPath and devicePath
 
 
 # The request rules under a policy with maxima, per-mode namespaces and the preload as a
