@@ -436,6 +436,77 @@ def test_invalid_gpu_request(limits: dict[str, str], fragment: str) -> None:
     assert fragment in entry["violations"][0]["message"]
 
 
+# Every spelling the apiserver's resource.Quantity reads as zero (it stores each as "0").
+ZEROS: Final[tuple[Any, ...]] = (0, "0", "00", "0m", "0.0", "-0", "+0", "0e3", "0Gi", 0.0)
+
+
+@pytest.mark.parametrize("zero", ZEROS)
+def test_a_zero_gpu_count_asks_for_no_gpu(zero: Any) -> None:
+    # Volcano's MPI launchers write nvidia.com/gpu: 0: the kubelet gives them no GPU.
+    limits = {"nvidia.com/gpu": zero, "cpu": "1"}
+    pod = gpu_pod(limits, schedulerName="volcano")
+    pod["spec"]["containers"][0]["resources"]["requests"] = dict(limits)
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["allowed"], entry["violations"]
+    assert entry["mode"] == "none"
+    assert entry["patch"] == []
+
+
+@pytest.mark.parametrize("zero", ZEROS)
+def test_a_zero_count_beside_a_gpu_container_is_voided(zero: Any) -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"})
+    launcher = {"name": "launcher", "image": "cuda:12"}
+    launcher["resources"] = {"limits": {"nvidia.com/gpu": zero}}
+    pod["spec"]["containers"].append(launcher)
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["allowed"], entry["violations"]
+    assert entry["mode"] == "vgpu"
+    assert env_of(entry["object"], 1) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert "LD_PRELOAD" in env_of(entry["object"], 0)
+
+
+@pytest.mark.parametrize(
+    ("limits", "requests"),
+    [
+        # A zero count beside a slice is no empty container: the slice implies a GPU.
+        ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"}, None),
+        ({"nvidia.com/gpu": "0m", "nvidia.com/gpucores": "30"}, None),
+        ({"nvidia.com/gpu": "00", "nvidia.com/mig-1g.5gb": "1"}, None),
+        ({"volcano.sh/vgpu-number": "0", "volcano.sh/vgpu-memory": "1024"}, None),
+        # Zero memory alone implies a count of one (HAMi's DefaultGPUNum).
+        ({"nvidia.com/gpumem": "0"}, None),
+        ({"aliyun.com/gpu-mem": "0m"}, None),
+        # 0 is a priority (HAMi's high), not an amount.
+        ({"nvidia.com/gpu": "0", "nvidia.com/priority": "0"}, None),
+        # Zero in limits, a GPU in requests.
+        ({"nvidia.com/gpu": "0"}, {"nvidia.com/gpu": "1"}),
+        # Not a quantity the apiserver reads as zero.
+        ({"nvidia.com/gpu": "0x0"}, None),
+        ({"nvidia.com/gpu": " 0"}, None),
+        ({"nvidia.com/gpu": False}, None),
+    ],
+)
+def test_a_zero_count_hides_no_slice(limits: dict[str, Any], requests: Any) -> None:
+    pod = gpu_pod(limits)
+    if requests is not None:
+        pod["spec"]["containers"][0]["resources"]["requests"] = requests
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert "invalid-gpu-request" in rules_of(entry), entry["violations"]
+
+
+def test_a_zero_count_opens_nothing_the_rules_guard() -> None:
+    # A container without a GPU is judged as any: it may not name every device.
+    pod = gpu_pod({"nvidia.com/gpu": "0"})
+    pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    assert "raw-visible-devices" in rules_of(review_object(pod, DEFAULT_POLICY))
+    entry = review_object(
+        gpu_pod({"nvidia.com/gpu": "0"}, runtimeClassName="nvidia"), DEFAULT_POLICY
+    )
+    assert entry["allowed"] and entry["mode"] == "none"
+    # Under a GPU runtime class it gets no device (the image's ENV cannot open one).
+    assert env_of(entry["object"])["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
 def test_canonical_quantities_from_the_apiserver_are_plain_numbers() -> None:
     # The apiserver stores `gpumem: 3000` as "3k" and `gpucores: 100` as "100".
     pod = gpu_pod({"nvidia.com/gpumem": "3k", "nvidia.com/gpucores": "100"})

@@ -63,7 +63,6 @@ STILL_REFUSED: Final[Mapping[str, str]] = {
     "kai/gpu-fraction-after-kai-admission.yaml": (
         "KAI's own webhook sets NVIDIA_VISIBLE_DEVICES from the ConfigMap its binder writes"
     ),
-    "volcano/job-argo-mpi-zero-gpu-pods.yaml": "nvidia.com/gpu: 0, which means no GPU",
 }
 # Admitted, but mutated with what their stack's node does not provide.
 STILL_WRONG: Final[Mapping[str, str]] = {

@@ -58,6 +58,7 @@ from webhook.core.resources import (
     asks_for_gpu,
     container_class,
     describe,
+    vacant,
 )
 from webhook.core.whole import pool_selection
 from webhook.core.workload import MAPPINGS, PodView, as_mapping
@@ -886,7 +887,7 @@ def _class_resources(spec: Mapping[str, Any], policy: Policy) -> list[tuple[str,
             if not isinstance(container, MAPPINGS):
                 continue
             resources = container.get("resources")
-            if resources is None:
+            if resources is None or vacant(container, policy):
                 continue
             resources = as_mapping(resources)
             for part in ("limits", "requests"):
