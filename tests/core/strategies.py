@@ -100,7 +100,9 @@ PROFILES: Final[Mapping[str, tuple[str, ...]]] = {
 
 def _valid_value(resource: str) -> st.SearchStrategy[Any]:
     if resource in COUNT_RESOURCES or resource in MIG_RESOURCES:
-        return st.one_of(st.integers(1, 4), st.sampled_from(["1", "2", "4"]))
+        # Zero, as the apiserver spells it and not: a container of zeros asks for nothing.
+        counts = ["1", "2", "4", "1", "2", "4", "0", "0m"]
+        return st.one_of(st.integers(1, 4), st.sampled_from(counts))
     if resource in MIB_RESOURCES:
         return st.one_of(st.integers(1, 81920), st.sampled_from(["3000", "1024", "40960", "3k"]))
     if resource in GIB_RESOURCES:

@@ -455,8 +455,8 @@ def test_a_zero_gpu_count_asks_for_no_gpu(zero: Any) -> None:
 @pytest.mark.parametrize("zero", ZEROS)
 def test_a_zero_count_beside_a_gpu_container_is_voided(zero: Any) -> None:
     pod = gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"})
-    launcher = {"name": "launcher", "image": "cuda:12"}
-    launcher["resources"] = {"limits": {"nvidia.com/gpu": zero}}
+    limits = {"nvidia.com/gpu": zero}
+    launcher = {"name": "launcher", "image": "cuda:12", "resources": {"limits": limits}}
     pod["spec"]["containers"].append(launcher)
     entry = review_object(pod, DEFAULT_POLICY)
     assert entry["allowed"], entry["violations"]

@@ -636,7 +636,10 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         "invalid-gpu-request",
     ),
     "cores-over-100": (_pod("p", _asks({"nvidia.com/gpucores": "150"})), "invalid-gpu-request"),
-    "zero-gpus": (_pod("p", _asks({"nvidia.com/gpu": "0"})), "invalid-gpu-request"),
+    "zero-gpus-beside-memory": (
+        _pod("p", _asks({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"})),
+        "invalid-gpu-request",
+    ),
     "memory-twice": (
         _pod("p", _asks({"nvidia.com/gpumem": "3000", "aliyun.com/gpu-mem": "3"})),
         "invalid-gpu-request",
@@ -852,6 +855,49 @@ def test_each_bypass_is_refused_without_the_webhook(api: Api, ns: str, shape: st
     for kind, obj in (("Pod", pod), ("Deployment", _deployment(pod)), ("CronJob", _cronjob(pod))):
         sent = api.create(kind, ns, obj)
         assert vap_rules(sent) == {rule}, (kind, sent.status, sent.body)
+
+
+# GPU amounts of one container, and whether the core refuses them as invalid-gpu-request:
+# an amount the apiserver reads as zero asks for nothing only where every GPU amount of the
+# container is zero and one is a count (resources.vacant).
+ZERO_AMOUNTS: Final[dict[str, tuple[Obj, bool]]] = {
+    "zero-count": ({"nvidia.com/gpu": "0"}, False),
+    "zero-milli-count": ({"nvidia.com/gpu": "0m"}, False),
+    "zero-count-and-mig": ({"nvidia.com/gpu": "00", "nvidia.com/mig-1g.5gb": "-0"}, False),
+    "zero-count-and-cores": ({"volcano.sh/vgpu-number": "0", "volcano.sh/vgpu-cores": "0"}, False),
+    "zero-count-beside-memory": ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"}, True),
+    "zero-count-beside-cores": ({"nvidia.com/gpu": "0m", "nvidia.com/gpucores": "30"}, True),
+    "zero-count-beside-mig": ({"nvidia.com/gpu": "0", "nvidia.com/mig-1g.5gb": "1"}, True),
+    "zero-count-beside-priority": ({"nvidia.com/gpu": "0", "nvidia.com/priority": "0"}, True),
+    "zero-memory-alone": ({"nvidia.com/gpumem": "0"}, True),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(ZERO_AMOUNTS))
+def test_zero_amounts_are_judged_as_the_core_judges_them(api: Api, ns: str, shape: str) -> None:
+    limits, refused = ZERO_AMOUNTS[shape]
+    launcher = _c("launcher", gpu=False, resources={"limits": limits, "requests": limits})
+    pod = _pod("p", launcher, schedulerName="volcano")
+    expected = core_denials(pod, ns)
+    assert ("invalid-gpu-request" in expected) == refused, expected
+    for kind, obj in (("Pod", pod), ("Deployment", _deployment(pod))):
+        # A policy names the first of its validations that fails.
+        sent = api.create(kind, ns, obj)
+        assert vap_rules(sent) <= expected, (kind, sent.status, sent.body)
+        assert (sent.status == 201) == (not expected), (kind, sent.status, sent.body)
+    if refused:
+        return
+    # Beside a legacy CUDA image under a GPU runtime class, the launcher is a container
+    # without a GPU, judged and voided as one.
+    legacy = _c("legacy", gpu=False, env=_env(("CUDA_VERSION", "12.4")))
+    plain = _c("launcher", gpu=False)
+    beside, without = (_pod("p", c, legacy, runtimeClassName="nvidia") for c in (launcher, plain))
+    assert core_denials(beside, ns) == core_denials(without, ns)
+    assert api.create("Pod", ns, beside).body == api.create("Pod", ns, without).body
+    mutated = _mutated(beside, namespace=ns)
+    for container in mutated["spec"]["containers"]:
+        assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in container["env"]
+    assert api.create("Pod", ns, mutated).status == 201
 
 
 def _source(kind: str, **fields: Any) -> Obj:

@@ -384,8 +384,9 @@ def container_list(spec: str) -> str:
     return " + ".join(f"(has({spec}.{kind}) ? {spec}.{kind} : [])" for kind in CONTAINER_KINDS)
 
 
-def asks_test(container: str, test: str) -> str:
-    """``container`` asks for a resource ``r`` (in limits or requests) that passes ``test``."""
+def names_test(container: str, test: str) -> str:
+    """``container`` names a resource ``r`` (in limits or requests) that passes ``test``,
+    whatever its amount."""
     c = container
     return (
         f"has({c}.resources) && ("
@@ -394,9 +395,35 @@ def asks_test(container: str, test: str) -> str:
     )
 
 
-def _requests(containers: str, test: str) -> str:
+def vacant(policy: Policy, container: str) -> str:
+    """``resources.vacant``: every GPU amount ``container`` names is zero (a quantity the
+    apiserver stores as ``0``), a count or MIG instance among them, no priority."""
+    c = container
+    parts = (
+        f"[has({c}.resources.limits) ? {c}.resources.limits : {{}}, "
+        f"has({c}.resources.requests) ? {c}.resources.requests : {{}}]"
+    )
+    priorities = sorted(policy.priority_resources)
+    other = f"r in {_list(priorities)} || " if priorities else ""
+    zero = f"!({other}!isQuantity(string(X[r])) || quantity(string(X[r])).compareTo(quantity('0')) != 0)"
+    counts = sorted(policy.count_resources)
+    counted = f"r in {_list(counts)} || " if counts else ""
+    return (
+        f"has({c}.resources) && {parts}.all(X, X.all(r, !({_gpu_resource(policy)}) || {zero})) "
+        f"&& {parts}.exists(X, X.exists(r, {counted}{_mig_test(policy)}))"
+    )
+
+
+def asks_test(container: str, test: str, *, policy: Policy) -> str:
+    """``container`` asks for a resource ``r`` (in limits or requests) that passes
+    ``test``: it names one, and is not :func:`vacant` (``nvidia.com/gpu: 0`` asks for
+    nothing)."""
+    return f"!({vacant(policy, container)}) && {names_test(container, test)}"
+
+
+def _requests(policy: Policy, containers: str, test: str) -> str:
     """A container asks for a resource ``r`` (in limits or requests) that passes ``test``."""
-    return f"{containers}.exists(c, {asks_test('c', test)})"
+    return f"{containers}.exists(c, {asks_test('c', test, policy=policy)})"
 
 
 def _mig_test(policy: Policy) -> str:
@@ -407,7 +434,7 @@ def _mig_test(policy: Policy) -> str:
 def gpu_test(policy: Policy, containers: str) -> str:
     """Any GPU request (``PodRequests.gpu``): a resource of the policy or a MIG one."""
     listed = f"r in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else "false"
-    return _requests(containers, f"{listed} || {_mig_test(policy)}")
+    return _requests(policy, containers, f"{listed} || {_mig_test(policy)}")
 
 
 def _sharing_test(policy: Policy) -> str:
@@ -418,12 +445,12 @@ def _sharing_test(policy: Policy) -> str:
 
 def _sharing(policy: Policy, containers: str) -> str:
     """A shared GPU (``PodRequests.sharing``): a resource of the policy that is not MIG."""
-    return _requests(containers, _sharing_test(policy))
+    return _requests(policy, containers, _sharing_test(policy))
 
 
 def _mig(policy: Policy, containers: str) -> str:
     """A MIG instance (``PodRequests.mig``)."""
-    return _requests(containers, _mig_test(policy))
+    return _requests(policy, containers, _mig_test(policy))
 
 
 # Mode annotation values and the mode each means (webhook.core.mode).
@@ -527,7 +554,9 @@ def _library(policy: Policy) -> str:
     if not policy.without_library:
         return "true"
     served = asks_test(
-        "c", f"({_sharing_test(policy)}) && !(r in {_list(sorted(policy.without_library))})"
+        "c",
+        f"({_sharing_test(policy)}) && !(r in {_list(sorted(policy.without_library))})",
+        policy=policy,
     )
     return f"variables.mode != 'vgpu' || variables.containers.exists(c, {served})"
 
@@ -570,7 +599,9 @@ def _keeps_scheduler(policy: Policy) -> str:
         return "false"
     static = sorted({"", DEFAULT_SCHEDULER, *policy.allowed_schedulers})
     gpu = f"r in {_list(sorted(policy.gpu_resources))} || {_mig_test(policy)}"
-    other = asks_test("c", f"!(r in {_list(sorted(policy.whole_gpu_resources))}) && ({gpu})")
+    other = asks_test(
+        "c", f"!(r in {_list(sorted(policy.whole_gpu_resources))}) && ({gpu})", policy=policy
+    )
     named = " || ".join(f"({c})" for c, _ in _named_steps(policy)) or "false"
     return (
         f"variables.sharing && has({_SCHEDULER}) && !({_SCHEDULER} in {_list(static)}) && "
@@ -668,13 +699,14 @@ def _node_name(containers: str, gpu: str, spec: str) -> str:
     return f"variables.created && {gpu} && has({spec}.nodeName) && {spec}.nodeName != ''"
 
 
-def _asks_for_gpu(policy: Policy, c: str) -> str:
-    """``resources.asks_for_gpu`` of container ``c``."""
-    listed = f" || r in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else ""
-    test = f"r.lowerAscii().contains('gpu'){listed} || {_mig_test(policy)}"
+def asks_for_gpu(policy: Policy, c: str) -> str:
+    """``resources.asks_for_gpu`` of container ``c``: a claim, a resource of the policy or
+    a MIG instance (unless it is :func:`vacant`), a resource whose name says gpu."""
+    gpu = _gpu_resource(policy)
+    other = f"!({gpu}) && r.lowerAscii().contains('gpu')"
     return (
         f"(has({c}.resources) && has({c}.resources.claims) && size({c}.resources.claims) > 0) "
-        f"|| ({asks_test(c, test)})"
+        f"|| ({asks_test(c, gpu, policy=policy)}) || ({names_test(c, other)})"
     )
 
 
@@ -725,7 +757,7 @@ def slice_test(policy: Policy, c: str) -> str:
     """Container ``c`` asks for part of a GPU (``rules.container_class`` 'slice')."""
     parts = sorted(policy.gpu_resources - policy.priority_resources - policy.whole_gpu_resources)
     listed = [f"r in {_list(parts)}"] if parts else []
-    return asks_test(c, " || ".join([*listed, _mig_test(policy)]))
+    return asks_test(c, " || ".join([*listed, _mig_test(policy)]), policy=policy)
 
 
 def _items_regex(items: Iterable[str]) -> str:
@@ -789,7 +821,7 @@ def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
 
     return (
         f"{containers}.exists(c, has(c.env) && (({slice_test(policy, 'c')}) ? "
-        f"{unadmitted('slice')} : ({_asks_for_gpu(policy, 'c')}) ? "
+        f"{unadmitted('slice')} : ({asks_for_gpu(policy, 'c')}) ? "
         f"{unadmitted('whole')} : {unadmitted('none')}))"
     )
 
@@ -803,7 +835,7 @@ def _visible_devices(policy: Policy) -> PodTest:
         )
         # A legacy container that asks for no GPU gets every GPU; a slice, every capability.
         legacy = (
-            f"{containers}.exists(c, ({_legacy('c')}) && (!({_asks_for_gpu(policy, 'c')}) || "
+            f"{containers}.exists(c, ({_legacy('c')}) && (!({asks_for_gpu(policy, 'c')}) || "
             f"({gpu} && has(c.env) && c.env.exists(e, has(e.name) && "
             f"e.name == 'NVIDIA_REQUIRE_CUDA') && ({slice_test(policy, 'c')}))))"
         )
@@ -1043,7 +1075,7 @@ def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotatio
         classes = _list(sorted(policy.gpu_runtime_classes))
         terms.append(
             f"has({spec}.runtimeClassName) && {spec}.runtimeClassName in {classes} && "
-            f"{containers}.exists(c, !({_asks_for_gpu(policy, 'c')}) && "
+            f"{containers}.exists(c, !({asks_for_gpu(policy, 'c')}) && "
             f"!(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)})))"
         )
     return " || ".join(f"({t})" for t in terms)
@@ -1266,21 +1298,21 @@ def request_variables(policy: Policy) -> list[Obj]:
     return [
         {
             "name": "mainAsks",
-            "expression": f"has({spec}.containers) ? {spec}.containers.map(c, "
-            f"{_ask(policy, 'c')}) : []",
+            "expression": f"has({spec}.containers) ? {spec}.containers"
+            f".filter(c, !({vacant(policy, 'c')})).map(c, {_ask(policy, 'c')}) : []",
         },
         {
             "name": "initAsks",
-            "expression": f"has({spec}.initContainers) ? {spec}.initContainers.map(c, "
-            f"{_ask(policy, 'c', init=True)}) : []",
+            "expression": f"has({spec}.initContainers) ? {spec}.initContainers"
+            f".filter(c, !({vacant(policy, 'c')})).map(c, {_ask(policy, 'c', init=True)}) : []",
         },
     ]
 
 
 def _invalid_gpu_request(policy: Policy) -> str:
     return (
-        "!(variables.created && variables.gpu && "
-        f"variables.containers.exists(c, {_invalid_request(policy)}))"
+        "!(variables.created && variables.gpu && variables.containers.exists(c, "
+        f"!({vacant(policy, 'c')}) && {_invalid_request(policy)}))"
     )
 
 
@@ -1306,7 +1338,10 @@ def _mode_conflict(policy: Policy) -> str:
         misspelt = f"({literal(key)} in {ann} ? !({value}) : ({misspelt}))"
     named = f"!({' || '.join(f'({c})' for c, _ in _mode_steps(policy))})"
     unnamed = f" && {named}" if policy.default_mode == "none" else ""
-    mig, shares = asks_test("c", _mig_test(policy)), asks_test("c", _sharing_test(policy))
+    mig, shares = (
+        asks_test("c", _mig_test(policy), policy=policy),
+        asks_test("c", _sharing_test(policy), policy=policy),
+    )
     containers = (
         f"variables.containers.exists(c, [{mig}].exists(mig, [{shares}].exists(shares, "
         f"(mig && (shares || {mode} != 'mig')) || "
@@ -1544,7 +1579,7 @@ def _mode_mutated(policy: Policy, mode: Mode) -> str:
         f"(has({spec}.initContainers) ? {spec}.initContainers : [])"
     )
     terms.append(
-        f"({containers}).all(c, !({asks_test('c', _sharing_test(policy))}) || "
+        f"({containers}).all(c, !({asks_test('c', _sharing_test(policy), policy=policy)}) || "
         f"({_container_mutated(policy, mode)}))"
     )
     return " && ".join(f"({t})" for t in terms)
@@ -1558,7 +1593,7 @@ def _unmutated(policy: Policy) -> str:
     voided = (
         f"((has({spec}.containers) ? {spec}.containers : []) + "
         f"(has({spec}.initContainers) ? {spec}.initContainers : [])).all(c, "
-        f"({_asks_for_gpu(policy, 'c')}) || "
+        f"({asks_for_gpu(policy, 'c')}) || "
         f"(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)})))"
     )
     modes: tuple[Mode, ...] = ("vgpu", "mps")
@@ -1600,7 +1635,7 @@ def _dynamic_mutated(policy: Policy) -> str:
         f"(has({spec}.initContainers) ? {spec}.initContainers : [])"
     )
     implied = (
-        f"({containers}).all(c, !({asks_test('c', _sharing_test(policy))}) || "
+        f"({containers}).all(c, !({asks_test('c', _sharing_test(policy), policy=policy)}) || "
         f"!({_implied(policy)}))"
     )
     return f"({_scheduled(policy)}) && ({implied})"
@@ -1674,14 +1709,14 @@ def wanted_scheduler(policy: Policy) -> str:
         terms = []
         other_slices = [r for r in slices if r not in resources]
         if other_slices:
-            terms.append(asks_test("c", f"r in {_list(other_slices)}"))
+            terms.append(asks_test("c", f"r in {_list(other_slices)}", policy=policy))
         for count in sharing:
             if count not in policy.count_resources or count in resources:
                 continue
-            term = asks_test("c", f"r == {literal(count)}")
+            term = asks_test("c", f"r == {literal(count)}", policy=policy)
             own = [r for r in slices if count.startswith(r.split("/", 1)[0] + "/")]
             if own:
-                term += f" && !({asks_test('c', f'r in {_list(own)}')})"
+                term += f" && !({asks_test('c', f'r in {_list(own)}', policy=policy)})"
             terms.append(term)
         other = " || ".join(f"({t})" for t in terms) or "false"
         expression = (
@@ -1714,7 +1749,7 @@ def _claims(policy: Policy) -> str:
         return "true"
     classes = sorted(DEVICE_CLASS_RESOURCE + c for c in policy.gpu_device_classes)
     allowed = _glob_test("request.namespace", policy.claim_namespaces)
-    asked = _requests("variables.containers", f"r in {_list(classes)}")
+    asked = _requests(policy, "variables.containers", f"r in {_list(classes)}")
     return f"!(variables.created && !({allowed}) && {asked})"
 
 
