@@ -477,6 +477,9 @@ NODE_SELECTORS: Final[tuple[Obj, ...]] = (
     {"ack.node.gpu.schedule": "exclusive"},
     {"kubernetes.io/os": "linux"},
     {"ack.node.gpu.schedule": "mps", "pool": "a100"},
+    # MIG's single strategy (wholeGpus.otherPools), and with the sharing pool too.
+    {"nvidia.com/gpu.product": "A100-SXM4-40GB-MIG-1g.5gb"},
+    {"nvidia.com/mig.strategy": "single", "gpu": "on"},
 )
 SCHEDULERS: Final = ("hami-scheduler", "default-scheduler", "", "volcano", "my-scheduler")
 _CONTAINER_NAMES: Final = ("trainer", "sidecar", "init", "warmup", "debug", "app", "log-shipper")

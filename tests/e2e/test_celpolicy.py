@@ -1333,6 +1333,24 @@ _AFFINITIES: Final[tuple[Obj | None, ...]] = (
             }
         }
     },
+    # A MIG single-strategy pool (wholeGpus.otherPools' glob).
+    {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "nvidia.com/gpu.product",
+                                "operator": "In",
+                                "values": ["H100", "H100-80GB-HBM3-MIG-3g.40gb"],
+                            }
+                        ]
+                    },
+                ]
+            }
+        }
+    },
 )
 _MODE_ANNOTATIONS: Final[tuple[Obj, ...]] = (
     {},

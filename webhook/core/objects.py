@@ -128,7 +128,8 @@ def _device_class_findings(obj: Mapping[str, Any], policy: Policy) -> Iterator[F
     resource served by DRA (the NVIDIA DRA driver's ``nvidia.com/mig-1g.12gb`` example)
     is a hardware partition either way, isolated and counted as a whole instance."""
     name = as_mapping(obj.get("spec")).get("extendedResourceName")
-    if isinstance(name, str) and name in policy.gpu_resources:
+    # wholeGpus.draResources: the policy says DRA serves these whole GPUs here.
+    if isinstance(name, str) and name in policy.gpu_resources and name not in policy.dra_resources:
         yield Finding(
             "gpu-claim",
             f"DeviceClass serves {name} through DRA, outside the sharing scheduler's "

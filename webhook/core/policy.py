@@ -75,6 +75,16 @@ _MAXIMA = {
         "cores": {"type": "integer", "minimum": 1},
     },
 }
+# Node labels: key and value (a value of otherPools may be a glob).
+_LABELS: Final = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["key", "value"],
+        "properties": {"key": {"type": "string", "minLength": 1}, "value": {"type": "string"}},
+    },
+}
 
 SCHEMA: Final[dict[str, Any]] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -167,18 +177,9 @@ SCHEMA: Final[dict[str, Any]] = {
                     "additionalProperties": False,
                     "properties": {
                         "resources": _STRINGS,
-                        "sharingPool": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "additionalProperties": False,
-                                "required": ["key", "value"],
-                                "properties": {
-                                    "key": {"type": "string", "minLength": 1},
-                                    "value": {"type": "string"},
-                                },
-                            },
-                        },
+                        "sharingPool": _LABELS,
+                        "otherPools": _LABELS,
+                        "draResources": _STRINGS,
                     },
                 },
                 "mps": {
@@ -493,6 +494,12 @@ class Policy:
     # that names a scheduler of its own keeps it, away from those nodes.
     whole_gpu_resources: frozenset[str]
     sharing_pool: tuple[tuple[str, str], ...]
+    # Node labels (key, value glob) of pools whose whole GPUs another stack serves (MIG's
+    # single strategy serves instances as nvidia.com/gpu), and the whole-GPU resources a
+    # DeviceClass serves through DRA (extendedResourceName): a pod that asks only for
+    # whole GPUs there keeps its scheduler, the default one too, away from the pool.
+    other_pools: tuple[tuple[str, str], ...]
+    dra_resources: frozenset[str]
     actions: Mapping[str, Action]
     # Every reserved annotation glob (each ledger's), and the ledgers that reserve them.
     reserved_annotations: tuple[str, ...]
@@ -947,6 +954,10 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         mps_placed_annotations=frozenset(spec["mps"]["placedByAnnotations"]),
         whole_gpu_resources=frozenset(spec["wholeGpus"]["resources"]) & frozenset(res["count"]),
         sharing_pool=tuple((p["key"], p["value"]) for p in spec["wholeGpus"]["sharingPool"]),
+        other_pools=tuple((p["key"], p["value"]) for p in spec["wholeGpus"]["otherPools"]),
+        dra_resources=frozenset(spec["wholeGpus"]["draResources"])
+        & frozenset(spec["wholeGpus"]["resources"])
+        & frozenset(res["count"]),
         actions={rule: spec["rules"].get(rule, "deny") for rule in RULE_IDS},
         reserved_annotations=tuple(
             dict.fromkeys(

@@ -594,20 +594,45 @@ _SCHEDULER: Final = "variables.spec.schedulerName"
 
 def _keeps_scheduler(policy: Policy) -> str:
     """``whole.keeps_scheduler``: only whole-GPU resources, no mode named, and a
-    schedulerName that is not the cluster's own, the sharing one or an allowed one."""
+    schedulerName that is not the cluster's own, the sharing one or an allowed one; under
+    the cluster's own, whole GPUs another stack serves (:func:`_served_elsewhere`)."""
     if not policy.whole_gpu_resources:
         return "false"
-    static = sorted({"", DEFAULT_SCHEDULER, *policy.allowed_schedulers})
     gpu = f"r in {_list(sorted(policy.gpu_resources))} || {_mig_test(policy)}"
     other = asks_test(
         "c", f"!(r in {_list(sorted(policy.whole_gpu_resources))}) && ({gpu})", policy=policy
     )
     named = " || ".join(f"({c})" for c, _ in _named_steps(policy)) or "false"
-    return (
-        f"variables.sharing && has({_SCHEDULER}) && !({_SCHEDULER} in {_list(static)}) && "
-        f"!variables.containers.exists(c, {other}) && !({named}) && "
+    default = f"!has({_SCHEDULER}) || {_SCHEDULER} in {_list(['', DEFAULT_SCHEDULER])}"
+    own = (
+        f"!({_SCHEDULER} in {_list(sorted(policy.allowed_schedulers))}) && "
         f"{_SCHEDULER} != ({wanted_scheduler(policy)})"
     )
+    return (
+        f"variables.sharing && !variables.containers.exists(c, {other}) && !({named}) && "
+        f"(({default}) ? ({_served_elsewhere(policy)}) : ({own}))"
+    )
+
+
+def _served_elsewhere(policy: Policy) -> str:
+    """``whole.served_elsewhere`` of a pod that asks only for whole GPUs: each is one of
+    wholeGpus.draResources, or the pod selects a pool of wholeGpus.otherPools."""
+    terms = []
+    if policy.dra_resources:
+        gpu = f"r in {_list(sorted(policy.gpu_resources))} || {_mig_test(policy)}"
+        outside = f"({gpu}) && !(r in {_list(sorted(policy.dra_resources))})"
+        terms.append(f"!variables.containers.exists(c, {asks_test('c', outside, policy=policy)})")
+    for key, value in policy.other_pools:
+        terms.append(
+            f"{literal(key)} in {_SELECTOR} && "
+            f"({_glob_test(f'string({_SELECTOR}[{literal(key)}])', [value])})"
+        )
+        terms.append(
+            f"{NODE_TERMS}.exists(t, has(t.matchExpressions) && t.matchExpressions.exists(e, "
+            f"e.key == {literal(key)} && e.operator == 'In' && has(e.values) && "
+            f"e.values.exists(v, {_glob_test('v', [value])})))"
+        )
+    return " || ".join(f"({t})" for t in terms) or "false"
 
 
 _REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -1932,6 +1957,9 @@ def _claim_expression(policy: Policy) -> str:
     # The sharing resources only: a MIG resource served by DRA is no slice.
     name = "object.spec.extendedResourceName"
     served = f"{name} in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else "false"
+    if policy.dra_resources:
+        # wholeGpus.draResources: the policy says DRA serves these whole GPUs here.
+        served += f" && !({name} in {_list(sorted(policy.dra_resources))})"
     device_class = (
         f"request.kind.kind == {literal(DEVICE_CLASS)} && has(object.spec) && "
         f"has({name}) && {served}"
