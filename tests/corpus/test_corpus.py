@@ -60,11 +60,7 @@ _NO_LIBVGPU: Final = frozenset(
 
 # Legitimate workloads the default policy still refuses, each with why: asserted refused
 # (so an entry leaves this list the day its fix lands), never skipped.
-STILL_REFUSED: Final[Mapping[str, str]] = {
-    "kai/gpu-fraction-after-kai-admission.yaml": (
-        "KAI's own webhook sets NVIDIA_VISIBLE_DEVICES from the ConfigMap its binder writes"
-    ),
-}
+STILL_REFUSED: Final[Mapping[str, str]] = {}
 # Admitted, but mutated with what their stack's node does not provide.
 STILL_WRONG: Final[Mapping[str, str]] = {}
 # Stacks whose whole GPUs no sharing scheduler counts: a whole-GPU pod there keeps its

@@ -37,6 +37,7 @@ from tests.core.strategies import (
     pod_updates,
     quota_pods,
 )
+from tests.core.test_decision import KAI_ATTACKS, KAI_PREFIX, config_map, kai_fraction_pod
 from tests.e2e.rest import COLLECTIONS, DIFFERENTIAL, Api, Sent, gpu_pod, sendable, stored_pod
 from tests.install.test_celpolicy import HOST_PATHS
 from tests.install.test_celpolicy import MODE_SCHEDULERS as MODES_POLICY
@@ -898,6 +899,49 @@ def test_zero_amounts_are_judged_as_the_core_judges_them(api: Api, ns: str, shap
     for container in mutated["spec"]["containers"]:
         assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in container["env"]
     assert api.create("Pod", ns, mutated).status == 201
+
+
+@pytest.mark.parametrize("attack", [None, *sorted(KAI_ATTACKS)])
+def test_kai_fractions_take_devices_only_from_the_binders_config_map(
+    api: Api, ns: str, attack: str | None
+) -> None:
+    pod = kai_fraction_pod()
+    del pod["metadata"]["namespace"]
+    if attack is not None:
+        KAI_ATTACKS[attack](pod)
+    expected = core_denials(pod, ns)
+    assert ("raw-visible-devices" in expected) == (attack is not None), expected
+    sent = api.create("Pod", ns, pod)
+    assert vap_rules(sent) <= expected, (sent.status, sent.body)
+    assert (sent.status == 201) == (not expected), (sent.status, sent.body)
+
+
+def test_only_kais_binder_writes_devices_into_its_config_maps(api: Api, ns: str) -> None:
+    binder = "system:serviceaccount:kai-scheduler:binder"
+    tenant, _ = IDENTITIES["tenant"]
+    api.grant_config_map_writes(ns, binder, tenant)
+    data = {"NVIDIA_VISIBLE_DEVICES": "GPU-1234", "GPU_PORTION": "0.5"}
+    for name, user, admitted in (
+        (f"{KAI_PREFIX}-0", binder, True),
+        (f"{KAI_PREFIX}-0-evar", binder, True),
+        (f"{KAI_PREFIX}-0", tenant, False),
+        ("gpu-sharing-env", binder, False),
+    ):
+        obj = config_map(name, data)
+        del obj["metadata"]["namespace"]
+        request = Request(kind="ConfigMap", namespace=ns, username=user)
+        assert decide(obj, request, POLICY, phase="validate").allowed == admitted
+        # The policies load asynchronously; the pod policies' wait does not cover these.
+        deadline = time.monotonic() + 30
+        while True:
+            sent = api.create("ConfigMap", ns, obj, user=user)
+            if admitted or vap_rules(sent) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if admitted:
+            assert sent.status == 201, sent.body
+        else:
+            assert vap_rules(sent) == {"raw-visible-devices"}, (sent.status, sent.body)
 
 
 def _source(kind: str, **fields: Any) -> Obj:

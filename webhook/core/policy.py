@@ -240,6 +240,21 @@ SCHEMA: Final[dict[str, Any]] = {
                         "properties": {
                             "name": {"type": "string", "minLength": 1},
                             "annotations": _STRINGS,
+                            "configMaps": _STRINGS,
+                            "visibleDevicesFrom": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": [
+                                    "schedulerName",
+                                    "nameAnnotation",
+                                    "requestAnnotations",
+                                ],
+                                "properties": {
+                                    "schedulerName": {"type": "string", "minLength": 1},
+                                    "nameAnnotation": {"type": "string", "minLength": 1},
+                                    "requestAnnotations": _STRINGS,
+                                },
+                            },
                             "writers": _IDENTITIES,
                         },
                     },
@@ -378,12 +393,26 @@ _SERVICE_ACCOUNT: Final = "system:serviceaccount:"
 
 
 @dataclass(frozen=True, slots=True)
+class DevicesFrom:
+    """Pods whose NVIDIA_VISIBLE_DEVICES a ledger's writers put in a ConfigMap of theirs
+    (KAI's fractional GPUs): scheduled by ``scheduler_name``, asking with one of
+    ``request_annotations``, the ConfigMap named by ``name_annotation``."""
+
+    scheduler_name: str
+    name_annotation: str
+    request_annotations: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Ledger:
-    """Annotations one scheduler and its device plugin keep (globs), and who writes them."""
+    """Annotations one scheduler and its device plugin keep (globs), the ConfigMaps its
+    binder writes per pod (name globs), and who writes them."""
 
     name: str
     annotations: tuple[str, ...]
     writers: Identities
+    config_maps: tuple[str, ...] = ()
+    devices_from: DevicesFrom | None = None
     # annotations as one compiled pattern: a glob match per key and pattern (fnmatch)
     # costs microseconds on every request.
     pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
@@ -1145,6 +1174,8 @@ def _ledgers(spec: Mapping[str, Any]) -> tuple[Ledger, ...]:
             name=raw["name"],
             annotations=tuple(raw["annotations"]),
             writers=_identities(raw["writers"]),
+            config_maps=tuple(raw.get("configMaps", ())),
+            devices_from=_devices_from(raw.get("visibleDevicesFrom")),
         )
         for raw in spec["ledgers"]
     ]
@@ -1157,6 +1188,16 @@ def _ledgers(spec: Mapping[str, Any]) -> tuple[Ledger, ...]:
             )
         )
     return tuple(ledgers)
+
+
+def _devices_from(raw: Mapping[str, Any] | None) -> DevicesFrom | None:
+    if raw is None:
+        return None
+    return DevicesFrom(
+        scheduler_name=raw["schedulerName"],
+        name_annotation=raw["nameAnnotation"],
+        request_annotations=tuple(raw["requestAnnotations"]),
+    )
 
 
 def _identities(raw: Mapping[str, Any]) -> Identities:

@@ -851,12 +851,57 @@ def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
     )
 
 
+# The annotations of the pod spec a PodTest reads.
+_ANNOTATIONS_OF: Final = {
+    "variables.spec": "variables.annotations",
+    "variables.oldSpec": "variables.oldAnnotations",
+}
+
+
+def _devices_from_ledger(policy: Policy, spec: str) -> str:
+    """``rules.devices_from_ledger`` of entry ``e`` of container ``c``: from the ConfigMap
+    a ledger's writers keep for this container, in a pod of that ledger's scheduler."""
+    annotations = _ANNOTATIONS_OF[spec]
+    ref = "e.valueFrom.configMapKeyRef"
+    # The container's place: <index> among the containers, i<index> among the init
+    # containers (names are unique across both); an ephemeral one has none ("/").
+    suffix = (
+        f"(has({spec}.containers) && {spec}.containers.exists(x, x.name == c.name) ? "
+        f"string({spec}.containers.map(x, x.name).indexOf(c.name)) : "
+        f"has({spec}.initContainers) && {spec}.initContainers.exists(x, x.name == c.name) ? "
+        f"'i' + string({spec}.initContainers.map(x, x.name).indexOf(c.name)) : '/')"
+    )
+    terms = []
+    for ledger in policy.ledgers:
+        wanted = ledger.devices_from
+        if wanted is None or not ledger.config_maps:
+            continue
+        key = literal(wanted.name_annotation)
+        asked = " || ".join(f"{literal(a)} in {annotations}" for a in wanted.request_annotations)
+        terms.append(
+            f"has({spec}.schedulerName) && {spec}.schedulerName == "
+            f"{literal(wanted.scheduler_name)} && ({asked or 'false'}) && {key} in {annotations} "
+            f"&& {ref}.name == {annotations}[{key}] + '-' + {suffix} && "
+            f"({_glob_test(f'{ref}.name', ledger.config_maps)})"
+        )
+    if not terms:
+        return "false"
+    return (
+        f"has(e.valueFrom.configMapKeyRef) && {ref}.key == {literal(_VISIBLE)} && "
+        f"!(has({ref}.optional) && {ref}.optional) && "
+        f"!(has({spec}.nodeName) && {spec}.nodeName != '') && "
+        f"!({asks_for_gpu(policy, 'c')}) && (" + " || ".join(f"({t})" for t in terms) + ")"
+    )
+
+
 def _visible_devices(policy: Policy) -> PodTest:
     def test(containers: str, gpu: str, spec: str) -> str:
         harmless = _stripped_in(_value("e"), _HARMLESS_VISIBLE_DEVICES)
+        from_ledger = _devices_from_ledger(policy, spec)
         raw = _env_exists(
             containers,
-            f"e.name == 'NVIDIA_VISIBLE_DEVICES' && (has(e.valueFrom) || !({harmless}))",
+            f"e.name == 'NVIDIA_VISIBLE_DEVICES' && (has(e.valueFrom) ? !({from_ledger}) : "
+            f"!({harmless}))",
         )
         # A legacy container that asks for no GPU gets every GPU; a slice, every capability.
         legacy = (
@@ -1920,7 +1965,25 @@ def _env_source_expression(policy: Policy) -> str:
     )
     test = f"({guarded}) || (({channels}) && !({anywhere}))"
     kinds = _list(sorted(ENV_SOURCES))
-    return f"!(request.kind.kind in {kinds} && has(object.data) && object.data.exists(k, {test}))"
+    return (
+        f"!(request.kind.kind in {kinds} && has(object.data) && !({_kept_by_writer(policy)}) "
+        f"&& object.data.exists(k, {test}))"
+    )
+
+
+def _kept_by_writer(policy: Policy) -> str:
+    """``objects.kept_by_writer``: a ConfigMap of a ledger's ``configMaps``, written by one
+    of the ledger's writers."""
+    name = "object.metadata.name"
+    terms = [
+        f"({_glob_test(name, ledger.config_maps)}) && ({identity_test(ledger.writers)})"
+        for ledger in policy.ledgers
+        if ledger.config_maps
+    ]
+    if not terms:
+        return "false"
+    kept = " || ".join(f"({t})" for t in terms)
+    return f"request.kind.kind == 'ConfigMap' && has(object.metadata.name) && ({kept})"
 
 
 def _claim_expression(policy: Policy) -> str:
