@@ -679,8 +679,33 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
     ),
 }
 
+
+def _kai_fraction() -> Obj:
+    """A KAI fraction pod as KAI's webhook leaves it, sendable to any namespace."""
+    pod = kai_fraction_pod()
+    del pod["metadata"]["namespace"]
+    return pod
+
+
 ADMITTED: Final[dict[str, Obj]] = {
     "plain": _pod("p", _c(gpu=False)),
+    # The binder writes the ConfigMap (tests for who may: below).
+    "kai-fraction": _kai_fraction(),
+    # Volcano's MPI launcher: nvidia.com/gpu: 0 asks for no GPU.
+    "zero-gpu-launcher": _pod(
+        "p",
+        _c(
+            gpu=False,
+            resources={"limits": {"nvidia.com/gpu": "0"}, "requests": {"nvidia.com/gpu": "0"}},
+        ),
+        schedulerName="volcano",
+    ),
+    # MIG's single strategy: whole GPUs under the cluster's own scheduler.
+    "mig-single-whole-gpu": _pod(
+        "p",
+        _c(gpu=False, resources={"limits": {"nvidia.com/gpu": "1"}}),
+        nodeSelector={"nvidia.com/gpu.product": "A100-SXM4-40GB-MIG-1g.5gb"},
+    ),
     "plain-privileged": _pod("p", _c(gpu=False, securityContext={"privileged": True})),
     "plain-node-name": _pod("p", _c(gpu=False), nodeName="node-1"),
     "whole-gpu-gates": _pod(
@@ -905,8 +930,7 @@ def test_zero_amounts_are_judged_as_the_core_judges_them(api: Api, ns: str, shap
 def test_kai_fractions_take_devices_only_from_the_binders_config_map(
     api: Api, ns: str, attack: str | None
 ) -> None:
-    pod = kai_fraction_pod()
-    del pod["metadata"]["namespace"]
+    pod = _kai_fraction()
     if attack is not None:
         KAI_ATTACKS[attack](pod)
     expected = core_denials(pod, ns)
