@@ -7,7 +7,10 @@ the Pods their operator creates. A control that refuses real workloads gets unin
 so every ``expect: admit`` file must be admitted; the ``expect: deny`` ones do what the
 policy exists to stop, and none of them may be admitted. Admitted objects are also checked
 against what their stack's node provides: no libvgpu where the stack has none, and a pod
-that keeps its own scheduler for whole GPUs is kept off the sharing pool.
+that keeps its own scheduler for whole GPUs, or whose whole GPUs another stack serves, is
+kept off the sharing pool. A file written for a stack the default policy does not run
+(``nvidia.com/gpu`` served by DRA, which the default refuses as a DeviceClass) names the
+example policy that declares it (``# policy: policies/examples/<name>.yaml``).
 """
 
 from __future__ import annotations
