@@ -414,11 +414,25 @@ def vacant(policy: Policy, container: str) -> str:
     )
 
 
+def vacates(policy: Policy) -> bool:
+    """A container can be :func:`vacant` under ``policy``: it has a count or MIG resource."""
+    return bool(policy.count_resources or policy.mig_prefixes)
+
+
+def is_vacant(policy: Policy, container: str) -> str:
+    """``container`` is one of ``variables.vacant`` (the object's containers of zero GPU
+    amounts, by name: names are unique across a pod's containers, init and ephemeral
+    containers, and a pod update cannot change a container's extended resources)."""
+    return f"{container}.name in variables.vacant" if vacates(policy) else "false"
+
+
 def asks_test(container: str, test: str, *, policy: Policy) -> str:
     """``container`` asks for a resource ``r`` (in limits or requests) that passes
     ``test``: it names one, and is not :func:`vacant` (``nvidia.com/gpu: 0`` asks for
     nothing)."""
-    return f"!({vacant(policy, container)}) && {names_test(container, test)}"
+    if not vacates(policy):
+        return names_test(container, test)
+    return f"!({is_vacant(policy, container)}) && {names_test(container, test)}"
 
 
 def _requests(policy: Policy, containers: str, test: str) -> str:
@@ -431,10 +445,15 @@ def _mig_test(policy: Policy) -> str:
     return " || ".join(f"r.startsWith({literal(p)})" for p in prefixes) or "false"
 
 
-def gpu_test(policy: Policy, containers: str) -> str:
-    """Any GPU request (``PodRequests.gpu``): a resource of the policy or a MIG one."""
+def gpu_test(policy: Policy, containers: str, *, inline: bool = False) -> str:
+    """Any GPU request (``PodRequests.gpu``): a resource of the policy or a MIG one, in a
+    container that is not :func:`vacant`; ``inline`` tests that in place, where no
+    variable is bound (a matchCondition)."""
     listed = f"r in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else "false"
-    return _requests(policy, containers, f"{listed} || {_mig_test(policy)}")
+    test = f"{listed} || {_mig_test(policy)}"
+    if inline and vacates(policy):
+        return f"{containers}.exists(c, !({vacant(policy, 'c')}) && {names_test('c', test)})"
+    return _requests(policy, containers, test)
 
 
 def _sharing_test(policy: Policy) -> str:
@@ -522,6 +541,10 @@ def variables(policy: Policy) -> list[Obj]:
         {"name": "spec", "expression": template("object", "spec")},
         {"name": "meta", "expression": template("object", "metadata")},
         {"name": "containers", "expression": container_list("variables.spec")},
+        {
+            "name": "vacant",
+            "expression": f"variables.containers.filter(c, {vacant(policy, 'c')}).map(c, c.name)",
+        },
         {"name": "gpu", "expression": gpu_test(policy, "variables.containers")},
         {
             "name": "created",
@@ -1369,12 +1392,12 @@ def request_variables(policy: Policy) -> list[Obj]:
         {
             "name": "mainAsks",
             "expression": f"has({spec}.containers) ? {spec}.containers"
-            f".filter(c, !({vacant(policy, 'c')})).map(c, {_ask(policy, 'c')}) : []",
+            f".filter(c, !({is_vacant(policy, 'c')})).map(c, {_ask(policy, 'c')}) : []",
         },
         {
             "name": "initAsks",
             "expression": f"has({spec}.initContainers) ? {spec}.initContainers"
-            f".filter(c, !({vacant(policy, 'c')})).map(c, {_ask(policy, 'c', init=True)}) : []",
+            f".filter(c, !({is_vacant(policy, 'c')})).map(c, {_ask(policy, 'c', init=True)}) : []",
         },
     ]
 
@@ -1382,7 +1405,7 @@ def request_variables(policy: Policy) -> list[Obj]:
 def _invalid_gpu_request(policy: Policy) -> str:
     return (
         "!(variables.created && variables.gpu && variables.containers.exists(c, "
-        f"!({vacant(policy, 'c')}) && {_invalid_request(policy)}))"
+        f"!({is_vacant(policy, 'c')}) && {_invalid_request(policy)}))"
     )
 
 

@@ -613,7 +613,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
     exemptions = celpolicy.match_conditions(policy)
     spec_of = celpolicy.template("object", "spec")
     containers = celpolicy.container_list(f"({spec_of})")
-    gpu = celpolicy.gpu_test(policy, f"({containers})")
+    gpu = celpolicy.gpu_test(policy, f"({containers})", inline=True)
     # The env scan first: most GPU pods name no NVIDIA env, and then the GPU test (the
     # longer one) is never evaluated.
     nvidia = (
@@ -660,7 +660,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
             {"name": "gpushare.io/needs-void", "expression": nvidia},
         ],
         "reinvocationPolicy": "IfNeeded",
-        "variables": [v for v in shared if v["name"] in ("spec", "voided")],
+        "variables": [v for v in shared if v["name"] in ("spec", "containers", "vacant", "voided")],
         "mutations": [
             {
                 "patchType": "ApplyConfiguration",
