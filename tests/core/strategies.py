@@ -100,7 +100,9 @@ PROFILES: Final[Mapping[str, tuple[str, ...]]] = {
 
 def _valid_value(resource: str) -> st.SearchStrategy[Any]:
     if resource in COUNT_RESOURCES or resource in MIG_RESOURCES:
-        return st.one_of(st.integers(1, 4), st.sampled_from(["1", "2", "4"]))
+        # Zero, as the apiserver spells it and not: a container of zeros asks for nothing.
+        counts = ["1", "2", "4", "1", "2", "4", "0", "0m"]
+        return st.one_of(st.integers(1, 4), st.sampled_from(counts))
     if resource in MIB_RESOURCES:
         return st.one_of(st.integers(1, 81920), st.sampled_from(["3000", "1024", "40960", "3k"]))
     if resource in GIB_RESOURCES:
@@ -479,6 +481,9 @@ NODE_SELECTORS: Final[tuple[Obj, ...]] = (
     {"ack.node.gpu.schedule": "exclusive"},
     {"kubernetes.io/os": "linux"},
     {"ack.node.gpu.schedule": "mps", "pool": "a100"},
+    # MIG's single strategy (wholeGpus.otherPools), and with the sharing pool too.
+    {"nvidia.com/gpu.product": "A100-SXM4-40GB-MIG-1g.5gb"},
+    {"nvidia.com/mig.strategy": "single", "gpu": "on"},
 )
 SCHEDULERS: Final = ("hami-scheduler", "default-scheduler", "", "volcano", "my-scheduler")
 _CONTAINER_NAMES: Final = ("trainer", "sidecar", "init", "warmup", "debug", "app", "log-shipper")

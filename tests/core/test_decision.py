@@ -436,6 +436,77 @@ def test_invalid_gpu_request(limits: dict[str, str], fragment: str) -> None:
     assert fragment in entry["violations"][0]["message"]
 
 
+# Every spelling the apiserver's resource.Quantity reads as zero (it stores each as "0").
+ZEROS: Final[tuple[Any, ...]] = (0, "0", "00", "0m", "0.0", "-0", "+0", "0e3", "0Gi", 0.0)
+
+
+@pytest.mark.parametrize("zero", ZEROS)
+def test_a_zero_gpu_count_asks_for_no_gpu(zero: Any) -> None:
+    # Volcano's MPI launchers write nvidia.com/gpu: 0: the kubelet gives them no GPU.
+    limits = {"nvidia.com/gpu": zero, "cpu": "1"}
+    pod = gpu_pod(limits, schedulerName="volcano")
+    pod["spec"]["containers"][0]["resources"]["requests"] = dict(limits)
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["allowed"], entry["violations"]
+    assert entry["mode"] == "none"
+    assert entry["patch"] == []
+
+
+@pytest.mark.parametrize("zero", ZEROS)
+def test_a_zero_count_beside_a_gpu_container_is_voided(zero: Any) -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"})
+    limits = {"nvidia.com/gpu": zero}
+    launcher = {"name": "launcher", "image": "cuda:12", "resources": {"limits": limits}}
+    pod["spec"]["containers"].append(launcher)
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["allowed"], entry["violations"]
+    assert entry["mode"] == "vgpu"
+    assert env_of(entry["object"], 1) == {"NVIDIA_VISIBLE_DEVICES": "void"}
+    assert "LD_PRELOAD" in env_of(entry["object"], 0)
+
+
+@pytest.mark.parametrize(
+    ("limits", "requests"),
+    [
+        # A zero count beside a slice is no empty container: the slice implies a GPU.
+        ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"}, None),
+        ({"nvidia.com/gpu": "0m", "nvidia.com/gpucores": "30"}, None),
+        ({"nvidia.com/gpu": "00", "nvidia.com/mig-1g.5gb": "1"}, None),
+        ({"volcano.sh/vgpu-number": "0", "volcano.sh/vgpu-memory": "1024"}, None),
+        # Zero memory alone implies a count of one (HAMi's DefaultGPUNum).
+        ({"nvidia.com/gpumem": "0"}, None),
+        ({"aliyun.com/gpu-mem": "0m"}, None),
+        # 0 is a priority (HAMi's high), not an amount.
+        ({"nvidia.com/gpu": "0", "nvidia.com/priority": "0"}, None),
+        # Zero in limits, a GPU in requests.
+        ({"nvidia.com/gpu": "0"}, {"nvidia.com/gpu": "1"}),
+        # Not a quantity the apiserver reads as zero.
+        ({"nvidia.com/gpu": "0x0"}, None),
+        ({"nvidia.com/gpu": " 0"}, None),
+        ({"nvidia.com/gpu": False}, None),
+    ],
+)
+def test_a_zero_count_hides_no_slice(limits: dict[str, Any], requests: Any) -> None:
+    pod = gpu_pod(limits)
+    if requests is not None:
+        pod["spec"]["containers"][0]["resources"]["requests"] = requests
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert "invalid-gpu-request" in rules_of(entry), entry["violations"]
+
+
+def test_a_zero_count_opens_nothing_the_rules_guard() -> None:
+    # A container without a GPU is judged as any: it may not name every device.
+    pod = gpu_pod({"nvidia.com/gpu": "0"})
+    pod["spec"]["containers"][0]["env"] = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    assert "raw-visible-devices" in rules_of(review_object(pod, DEFAULT_POLICY))
+    entry = review_object(
+        gpu_pod({"nvidia.com/gpu": "0"}, runtimeClassName="nvidia"), DEFAULT_POLICY
+    )
+    assert entry["allowed"] and entry["mode"] == "none"
+    # Under a GPU runtime class it gets no device (the image's ENV cannot open one).
+    assert env_of(entry["object"])["NVIDIA_VISIBLE_DEVICES"] == "void"
+
+
 def test_canonical_quantities_from_the_apiserver_are_plain_numbers() -> None:
     # The apiserver stores `gpumem: 3000` as "3k" and `gpucores: 100` as "100".
     pod = gpu_pod({"nvidia.com/gpumem": "3k", "nvidia.com/gpucores": "100"})
@@ -737,3 +808,184 @@ def test_kai_binders_ledger_annotation_is_its_own() -> None:
     assert rules_of(review_object(pod, DEFAULT_POLICY)) == {"forged-allocation"}
     binder = "system:serviceaccount:kai-scheduler:binder"
     assert review_object(pod, DEFAULT_POLICY, username=binder)["allowed"]
+
+
+# -- KAI's fractional GPUs: NVIDIA_VISIBLE_DEVICES from the binder's ConfigMap ------------
+
+KAI_PREFIX = "gpu-sharing-x7k2p9q-shared-gpu"
+BINDER = "system:serviceaccount:kai-scheduler:binder"
+
+
+def kai_fraction_pod(
+    name: str = f"{KAI_PREFIX}-0", *, annotations: dict[str, str] | None = None, **spec: Any
+) -> dict[str, Any]:
+    """A pod as KAI's admission webhook leaves it (gpusharing Mutate)."""
+    ref = {"name": name, "key": "NVIDIA_VISIBLE_DEVICES"}
+    container = {
+        "name": "gpu-workload",
+        "image": "nvidia/cuda:13.0.2-base-ubi8",
+        "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "valueFrom": {"configMapKeyRef": ref}}],
+    }
+    pod_spec: dict[str, Any] = {"schedulerName": "kai-scheduler", "containers": [container]}
+    pod_spec.update(spec)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "gpu-sharing",
+            "namespace": "ml",
+            "annotations": (
+                annotations
+                if annotations is not None
+                else {"gpu-fraction": "0.5", "runai/shared-gpu-configmap": KAI_PREFIX}
+            ),
+        },
+        "spec": pod_spec,
+    }
+
+
+def test_a_kai_fraction_takes_its_devices_from_the_binders_config_map() -> None:
+    entry = review_object(kai_fraction_pod(), DEFAULT_POLICY)
+    assert entry["allowed"], entry["violations"]
+    assert entry["mode"] == "none"
+    assert entry["object"]["spec"]["schedulerName"] == "kai-scheduler"
+
+
+def _ref(pod: dict[str, Any]) -> dict[str, Any]:
+    ref: dict[str, Any] = pod["spec"]["containers"][0]["env"][0]["valueFrom"]["configMapKeyRef"]
+    return ref
+
+
+def _other_key(pod: dict[str, Any]) -> None:
+    _ref(pod)["key"] = "GPU_PORTION"
+
+
+def _optional(pod: dict[str, Any]) -> None:
+    # An absent optional ConfigMap leaves the image's NVIDIA_VISIBLE_DEVICES=all.
+    _ref(pod)["optional"] = True
+
+
+def _pinned(pod: dict[str, Any]) -> None:
+    # Past KAI's binder: nothing writes the ConfigMap for it.
+    pod["spec"]["nodeName"] = "node-1"
+
+
+def _whole_gpu_too(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["resources"] = {"limits": {"nvidia.com/gpu": "1"}}
+
+
+def _second_container(pod: dict[str, Any]) -> None:
+    # The ConfigMap of container 0 named by container 1: another container's devices.
+    other = copy.deepcopy(pod["spec"]["containers"][0])
+    other["name"] = "thief"
+    pod["spec"]["containers"].append(other)
+
+
+def _init_container(pod: dict[str, Any]) -> None:
+    pod["spec"]["initContainers"] = pod["spec"].pop("containers")
+    pod["spec"]["containers"] = [{"name": "main", "image": "busybox"}]
+
+
+def _field_ref_too(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["env"][0]["valueFrom"]["fieldRef"] = {"fieldPath": "x"}
+
+
+def _no_scheduler(pod: dict[str, Any]) -> None:
+    # Another scheduler (or none) counts no fraction for it.
+    pod["spec"].pop("schedulerName")
+
+
+def _no_fraction(pod: dict[str, Any]) -> None:
+    # KAI schedules it as a CPU pod, and its binder writes nothing for it.
+    pod["metadata"]["annotations"].pop("gpu-fraction")
+
+
+def _another_pods(pod: dict[str, Any]) -> None:
+    _ref(pod)["name"] = "gpu-sharing-aaaaaaa-shared-gpu-0"
+
+
+def _outside_the_ledger(pod: dict[str, Any]) -> None:
+    # A prefix of the author's that the ledger's configMaps do not hold: anyone writes it.
+    pod["metadata"]["annotations"]["runai/shared-gpu-configmap"] = "mine"
+    _ref(pod)["name"] = "mine-0"
+
+
+def _no_prefix(pod: dict[str, Any]) -> None:
+    pod["metadata"]["annotations"].pop("runai/shared-gpu-configmap")
+
+
+# Each a way to take NVIDIA_VISIBLE_DEVICES from a ConfigMap past KAI's accounting.
+KAI_ATTACKS: Final[dict[str, Any]] = {
+    "no-scheduler": _no_scheduler,
+    "default-scheduler": lambda p: p["spec"].update(schedulerName="default-scheduler"),
+    "no-fraction": _no_fraction,
+    "another-pods": _another_pods,
+    "outside-the-ledger": _outside_the_ledger,
+    "no-prefix": _no_prefix,
+    "other-key": _other_key,
+    "optional": _optional,
+    "pinned": _pinned,
+    "whole-gpu-too": _whole_gpu_too,
+    "second-container": _second_container,
+    "init-container": _init_container,
+}
+
+
+@pytest.mark.parametrize("attack", sorted(KAI_ATTACKS))
+def test_devices_from_any_other_config_map_stay_refused(attack: str) -> None:
+    pod = kai_fraction_pod()
+    KAI_ATTACKS[attack](pod)
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert "raw-visible-devices" in rules_of(entry), entry["violations"]
+
+
+def test_a_second_source_in_the_entry_is_refused() -> None:
+    # The apiserver refuses two sources; a manifest reviewed offline may hold them.
+    pod = kai_fraction_pod()
+    _field_ref_too(pod)
+    assert "raw-visible-devices" in rules_of(review_object(pod, DEFAULT_POLICY))
+
+
+def test_an_init_container_takes_its_own_config_map() -> None:
+    pod = kai_fraction_pod(f"{KAI_PREFIX}-i0")
+    _init_container(pod)
+    pod["metadata"]["annotations"]["gpu-fraction-container-name"] = "gpu-workload"
+    assert review_object(pod, DEFAULT_POLICY)["allowed"]
+
+
+def test_a_policy_without_the_ledgers_config_maps_refuses_it() -> None:
+    policy = policy_with(
+        "  ledgers:\n    - name: kai\n      annotations: [received-resource-type]\n"
+        "      writers: {serviceAccounts: [kai-scheduler/binder]}\n"
+    )
+    assert "raw-visible-devices" in rules_of(review_object(kai_fraction_pod(), policy))
+
+
+def config_map(name: str, data: dict[str, str]) -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "ml"},
+        "data": data,
+    }
+
+
+@pytest.mark.parametrize(
+    ("name", "username", "admitted"),
+    [
+        (f"{KAI_PREFIX}-0", BINDER, True),
+        (f"{KAI_PREFIX}-0-evar", BINDER, True),
+        # A tenant writing the binder's ConfigMap, or the binder another one.
+        (f"{KAI_PREFIX}-0", "alice", False),
+        (f"{KAI_PREFIX}-0", "system:serviceaccount:ml:binder", False),
+        ("gpu-sharing-env", BINDER, False),
+    ],
+)
+def test_only_kais_binder_writes_devices_into_its_config_maps(
+    name: str, username: str, admitted: bool
+) -> None:
+    obj = config_map(name, {"NVIDIA_VISIBLE_DEVICES": "GPU-1234", "GPU_PORTION": "0.5"})
+    for operation in ("CREATE", "UPDATE"):
+        request = Request(kind="ConfigMap", operation=operation, namespace="ml", username=username)
+        decision = decide(obj, request, DEFAULT_POLICY, phase="validate")
+        assert decision.allowed == admitted, decision.violations

@@ -21,6 +21,7 @@ from typing import Any, Final
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from kubernetes.utils.quantity import parse_quantity
 
 from tests.core.strategies import (
     IDENTITIES,
@@ -148,9 +149,42 @@ def _resource_names(container: Mapping[str, Any]) -> set[str]:
     return names
 
 
+def _gpu(name: str) -> bool:
+    return name in GPU_RESOURCE_NAMES or name.startswith("nvidia.com/mig-")
+
+
+def _zero(raw: Any) -> bool:
+    """The apiserver reads ``raw`` as a zero quantity (the kubernetes client's parser)."""
+    if isinstance(raw, bool) or not isinstance(raw, int | float | str):
+        return False
+    try:
+        return bool(parse_quantity(raw) == 0)  # type: ignore[no-untyped-call]
+    except ValueError:
+        return False
+
+
+def _no_gpu(container: Mapping[str, Any]) -> bool:
+    """``nvidia.com/gpu: 0``: every GPU amount the container names is zero, a count or a
+    MIG instance among them, no priority (0 is a priority): the kubelet gives it no GPU
+    and no scheduler implies one."""
+    resources = container.get("resources")
+    if not isinstance(resources, Mapping):
+        return False
+    counted = False
+    for part in ("limits", "requests"):
+        amounts = resources.get(part)
+        for name, raw in amounts.items() if isinstance(amounts, Mapping) else ():
+            if not isinstance(name, str) or not _gpu(name):
+                continue
+            if name == "nvidia.com/priority" or not _zero(raw):
+                return False
+            counted = counted or name in COUNTS or name.startswith("nvidia.com/mig-")
+    return counted
+
+
 def _gpu_names(spec: Mapping[str, Any]) -> set[str]:
-    names = set().union(*(_resource_names(c) for c in _containers(spec)))
-    return {n for n in names if n in GPU_RESOURCE_NAMES or n.startswith("nvidia.com/mig-")}
+    names = set().union(*(_resource_names(c) for c in _containers(spec) if not _no_gpu(c)))
+    return {n for n in names if _gpu(n)}
 
 
 def _env(container: Mapping[str, Any]) -> list[Mapping[str, Any]]:
@@ -392,9 +426,10 @@ def _gets_a_gpu(container: Mapping[str, Any]) -> bool:
     resources = container.get("resources")
     if isinstance(resources, Mapping) and resources.get("claims"):
         return True
-    return any(
-        "gpu" in n.lower() or n.startswith("nvidia.com/mig-") for n in _resource_names(container)
-    )
+    names = _resource_names(container)
+    if _no_gpu(container):
+        names = {n for n in names if not _gpu(n)}
+    return any("gpu" in n.lower() or n.startswith("nvidia.com/mig-") for n in names)
 
 
 def family_reasons(pod: Mapping[str, Any]) -> list[str]:

@@ -9,10 +9,11 @@ import jsonpatch
 import pytest
 
 from tests.core.test_decision import gpu_pod, policy_with, rules_of
+from tests.paths import EXAMPLES
 from webhook.core.decision import Request, decide
 from webhook.core.review import review_object
 from webhook.core.whole import REQUIRED
-from webhook.policies import DEFAULT_POLICY
+from webhook.policies import DEFAULT_POLICY, load_policy
 
 AWAY = {"key": "gpu", "operator": "NotIn", "values": ["on"]}
 
@@ -169,3 +170,113 @@ def test_an_allowed_scheduler_is_the_sharing_path_as_before() -> None:
     entry = review_object(kai_pod(), policy)
     assert entry["mode"] == "vgpu"
     assert "affinity" not in entry["object"]["spec"]
+
+
+# -- whole GPUs another stack serves (wholeGpus.otherPools, draResources) ---------------
+
+MIG_SINGLE = {"nvidia.com/gpu.product": "A100-SXM4-40GB-MIG-1g.5gb"}
+DRA_POLICY = load_policy(EXAMPLES / "dra-extended-gpu.yaml")
+
+
+def test_a_slice_on_a_mig_single_pool_is_no_whole_gpu() -> None:
+    # Attack: memory beside the pool's label must not lose HAMi's limits.
+    entry = review_object(
+        gpu_pod({"nvidia.com/gpumem": "3000"}, nodeSelector=MIG_SINGLE), DEFAULT_POLICY
+    )
+    assert entry["mode"] == "vgpu"
+    assert entry["object"]["spec"]["schedulerName"] == "hami-scheduler"
+
+
+def test_whole_gpus_on_both_pools_are_a_bypass() -> None:
+    selector = {**MIG_SINGLE, "gpu": "on"}
+    entry = review_object(gpu_pod({"nvidia.com/gpu": "1"}, nodeSelector=selector), DEFAULT_POLICY)
+    assert rules_of(entry) == {"scheduler-bypass"}
+
+
+def test_a_mode_named_beside_the_pool_is_the_sharing_path() -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "1"}, nodeSelector={"nvidia.com/mig.strategy": "single"})
+    pod["metadata"]["annotations"] = {"gpushare.io/mode": "vgpu"}
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["mode"] == "vgpu"
+    assert entry["object"]["spec"]["schedulerName"] == "hami-scheduler"
+
+
+def test_a_kept_pod_of_another_stack_without_the_affinity_is_unmutated() -> None:
+    pod = gpu_pod({"nvidia.com/gpu": "1"}, nodeSelector=MIG_SINGLE)
+    validated = decide(pod, Request(kind="Pod", namespace="ml"), DEFAULT_POLICY, phase="validate")
+    assert [v["rule"] for v in validated.violations] == ["unmutated-gpu-pod"]
+    validated = decide(
+        gpu_pod({"nvidia.com/gpu": "1"}),
+        Request(kind="Pod", namespace="ml"),
+        DRA_POLICY,
+        phase="validate",
+    )
+    assert [v["rule"] for v in validated.violations] == ["unmutated-gpu-pod"]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        {"nodeSelector": MIG_SINGLE},
+        {"nodeSelector": {"nvidia.com/mig.strategy": "single"}},
+        {"schedulerName": "default-scheduler", "nodeSelector": MIG_SINGLE},
+        {
+            "affinity": {
+                "nodeAffinity": {
+                    REQUIRED: {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "nvidia.com/gpu.product",
+                                        "operator": "In",
+                                        "values": ["H100-80GB-HBM3-MIG-1g.10gb"],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                }
+            }
+        },
+    ],
+)
+def test_whole_gpus_on_a_mig_single_pool_keep_the_default_scheduler(spec: dict[str, Any]) -> None:
+    entry = review_object(gpu_pod({"nvidia.com/gpu": "1"}, **spec), DEFAULT_POLICY)
+    assert entry["allowed"], entry["violations"]
+    assert entry["mode"] == "none"
+    mutated = entry["object"]
+    assert mutated["spec"].get("schedulerName") == spec.get("schedulerName")
+    assert all(AWAY in t["matchExpressions"] for t in terms(mutated))
+    assert "volumes" not in mutated["spec"]
+
+
+def test_whole_gpus_dra_serves_keep_the_default_scheduler() -> None:
+    entry = review_object(gpu_pod({"nvidia.com/gpu": "2"}), DRA_POLICY)
+    assert entry["allowed"] and entry["mode"] == "none"
+    assert "schedulerName" not in entry["object"]["spec"]
+    assert terms(entry["object"]) == [{"matchExpressions": [AWAY]}]
+    # A slice is still HAMi's, and a DeviceClass may serve the whole GPUs only.
+    entry = review_object(gpu_pod({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "30"}), DRA_POLICY)
+    assert entry["mode"] == "vgpu"
+
+
+@pytest.mark.parametrize(
+    ("resource", "policy", "refused"),
+    [
+        ("nvidia.com/gpu", DEFAULT_POLICY, True),
+        ("nvidia.com/gpu", DRA_POLICY, False),
+        ("nvidia.com/gpumem", DRA_POLICY, True),
+        ("volcano.sh/vgpu-number", DRA_POLICY, True),
+    ],
+)
+def test_a_device_class_may_serve_only_what_the_policy_gives_dra(
+    resource: str, policy: Any, refused: bool
+) -> None:
+    device_class = {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "DeviceClass",
+        "metadata": {"name": "gpu.example.com"},
+        "spec": {"extendedResourceName": resource},
+    }
+    assert ("gpu-claim" in rules_of(review_object(device_class, policy))) == refused

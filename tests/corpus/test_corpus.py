@@ -7,7 +7,10 @@ the Pods their operator creates. A control that refuses real workloads gets unin
 so every ``expect: admit`` file must be admitted; the ``expect: deny`` ones do what the
 policy exists to stop, and none of them may be admitted. Admitted objects are also checked
 against what their stack's node provides: no libvgpu where the stack has none, and a pod
-that keeps its own scheduler for whole GPUs is kept off the sharing pool.
+that keeps its own scheduler for whole GPUs, or whose whole GPUs another stack serves, is
+kept off the sharing pool. A file written for a stack the default policy does not run
+(``nvidia.com/gpu`` served by DRA, which the default refuses as a DeviceClass) names the
+example policy that declares it (``# policy: policies/examples/<name>.yaml``).
 """
 
 from __future__ import annotations
@@ -23,16 +26,17 @@ import yaml
 
 from tests.paths import ROOT
 from webhook.core.injection import VOLUME_LIBRARY
+from webhook.core.policy import Policy
 from webhook.core.resources import read_pod
 from webhook.core.review import ReviewEntry, review_object
 from webhook.core.whole import REQUIRED
 from webhook.core.workload import find_pod
-from webhook.policies import DEFAULT_POLICY
+from webhook.policies import DEFAULT_POLICY, load_policy
 
 CORPUS: Final = ROOT / "tests" / "corpus"
 # The default policy's sharing pool (wholeGpus.sharingPool): HAMi's gpu=on nodes.
 AWAY: Final = {"key": "gpu", "operator": "NotIn", "values": ["on"]}
-_HEADER: Final = re.compile(r"^# (follows|stack|expect|why|operator): (.+)$")
+_HEADER: Final = re.compile(r"^# (follows|stack|expect|why|operator|policy): (.+)$")
 _FOLLOWS: Final = re.compile(
     r"^(?P<repo>[\w.-]+/[\w.-]+) (?P<path>\S+) @ (?P<commit>[0-9a-f]{40})$"
 )
@@ -59,19 +63,12 @@ _NO_LIBVGPU: Final = frozenset(
 
 # Legitimate workloads the default policy still refuses, each with why: asserted refused
 # (so an entry leaves this list the day its fix lands), never skipped.
-STILL_REFUSED: Final[Mapping[str, str]] = {
-    "kai/gpu-fraction-after-kai-admission.yaml": (
-        "KAI's own webhook sets NVIDIA_VISIBLE_DEVICES from the ConfigMap its binder writes"
-    ),
-    "volcano/job-argo-mpi-zero-gpu-pods.yaml": "nvidia.com/gpu: 0, which means no GPU",
-}
+STILL_REFUSED: Final[Mapping[str, str]] = {}
 # Admitted, but mutated with what their stack's node does not provide.
-STILL_WRONG: Final[Mapping[str, str]] = {
-    "dra/extended-resource-gpu-full.yaml": "nvidia.com/gpu served by a DRA DeviceClass is sent to HAMi",
-    "nvidia-device-plugin/mig-single-vectoradd.yaml": (
-        "MIG's single strategy serves instances as nvidia.com/gpu: sent to HAMi with libvgpu"
-    ),
-}
+STILL_WRONG: Final[Mapping[str, str]] = {}
+# Stacks whose whole GPUs no sharing scheduler counts: a whole-GPU pod there keeps its
+# scheduler, the cluster's own too, and is kept off the sharing pool.
+_ELSEWHERE: Final = frozenset({"mig", "dra"})
 
 
 @dataclass(frozen=True)
@@ -82,6 +79,9 @@ class Entry:
     expect: str
     denied_by: frozenset[str]
     objects: tuple[dict[str, Any], ...]
+    # The default policy, or the example that declares a stack it does not run
+    # (``# policy: policies/examples/<name>.yaml``).
+    policy: Policy = DEFAULT_POLICY
 
     @property
     def name(self) -> str:
@@ -109,7 +109,12 @@ def _read(path: Path) -> Entry:
         assert expect == "admit", f"{path}: expect {expect!r}"
     objects = tuple(o for o in yaml.safe_load_all(text) if o)
     assert objects, f"{path}: no object"
-    return Entry(path, follows["repo"], str(header["stack"]), expect, denied_by, objects)
+    policy = DEFAULT_POLICY
+    if "policy" in header:
+        assert header["policy"].startswith("policies/examples/"), f"{path}: {header['policy']}"
+        policy = load_policy(ROOT / header["policy"])
+    stack = str(header["stack"])
+    return Entry(path, follows["repo"], stack, expect, denied_by, objects, policy)
 
 
 ENTRIES: Final = tuple(_read(p) for p in sorted(CORPUS.glob("*/*.yaml")))
@@ -120,7 +125,7 @@ def _ids() -> Iterator[str]:
 
 
 def reviewed(entry: Entry) -> list[ReviewEntry]:
-    return [review_object(obj, DEFAULT_POLICY) for obj in entry.objects]
+    return [review_object(obj, entry.policy) for obj in entry.objects]
 
 
 def test_the_corpus_follows_many_projects() -> None:
@@ -174,9 +179,11 @@ def test_each_admitted_workload_runs_on_its_stack(entry: Entry) -> None:
         named = scheduler not in (None, "", "default-scheduler")
         if named and spec.get("schedulerName") != scheduler:
             problems.append(f"{result['name']}: schedulerName {scheduler} replaced")
-        # Whole GPUs under a scheduler of the pod's own stay off the sharing pool.
-        whole = result["mode"] == "none" and read_pod(spec, DEFAULT_POLICY).sharing
-        if named and whole and scheduler != DEFAULT_POLICY.scheduler_name:
+        # Whole GPUs under a scheduler of the pod's own, or another stack's, stay off the
+        # sharing pool.
+        whole = result["mode"] == "none" and read_pod(spec, entry.policy).sharing
+        kept = named and scheduler != entry.policy.scheduler_name
+        if whole and (kept or entry.stack in _ELSEWHERE):
             required = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get(REQUIRED)
             terms = (required or {}).get("nodeSelectorTerms") or []
             if not terms or any(AWAY not in (t.get("matchExpressions") or []) for t in terms):

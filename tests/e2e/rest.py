@@ -78,13 +78,17 @@ class Api:
             "Content-Type": "application/json",
         }
 
-    def create(self, kind: str, namespace: str, obj: Obj, *, dry_run: bool = True) -> Sent:
+    def create(
+        self, kind: str, namespace: str, obj: Obj, *, dry_run: bool = True, user: str | None = None
+    ) -> Sent:
+        """A create of ``obj`` (dry-run unless told), as ``user`` where one is given."""
         collection = COLLECTIONS.get(kind) or SOURCE_COLLECTIONS[kind]
         url = self.server + collection.format(ns=namespace)
         if dry_run:
             url += "?dryRun=All"
+        headers = self.headers if user is None else {**self.headers, "Impersonate-User": user}
         response = self.http.request(
-            "POST", url, body=orjson.dumps(obj, default=str), headers=self.headers, timeout=30
+            "POST", url, body=orjson.dumps(obj, default=str), headers=headers, timeout=30
         )
         try:
             body = orjson.loads(response.data)
@@ -97,23 +101,30 @@ class Api:
         """RBAC for ``users`` to update pods and their ephemeral containers in
         ``namespace`` (no controller-manager runs here to fill the aggregated roles,
         so a Role of its own)."""
+        rules = [
+            {
+                "apiGroups": [""],
+                "resources": ["pods", "pods/ephemeralcontainers"],
+                "verbs": ["get", "patch", "update"],
+            }
+        ]
+        self.grant(namespace, "pod-patcher", rules, *users)
+
+    def grant_config_map_writes(self, namespace: str, *users: str) -> None:
+        """RBAC for ``users`` to create and update ConfigMaps in ``namespace``."""
+        rules = [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["create", "update"]}]
+        self.grant(namespace, "config-map-writer", rules, *users)
+
+    def grant(self, namespace: str, name: str, rules: list[Obj], *users: str) -> None:
+        """A Role ``name`` of ``rules`` in ``namespace``, bound to ``users``."""
         rbac = f"{self.server}/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
-        role = {
-            "metadata": {"name": "pod-patcher"},
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["pods", "pods/ephemeralcontainers"],
-                    "verbs": ["get", "patch", "update"],
-                }
-            ],
-        }
+        role = {"metadata": {"name": name}, "rules": rules}
         binding = {
-            "metadata": {"name": "pod-patcher"},
+            "metadata": {"name": name},
             "roleRef": {
                 "apiGroup": "rbac.authorization.k8s.io",
                 "kind": "Role",
-                "name": "pod-patcher",
+                "name": name,
             },
             "subjects": [
                 {"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": user}

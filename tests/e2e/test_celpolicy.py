@@ -37,6 +37,7 @@ from tests.core.strategies import (
     pod_updates,
     quota_pods,
 )
+from tests.core.test_decision import KAI_ATTACKS, KAI_PREFIX, config_map, kai_fraction_pod
 from tests.e2e.rest import COLLECTIONS, DIFFERENTIAL, Api, Sent, gpu_pod, sendable, stored_pod
 from tests.install.test_celpolicy import HOST_PATHS
 from tests.install.test_celpolicy import MODE_SCHEDULERS as MODES_POLICY
@@ -672,7 +673,10 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         "invalid-gpu-request",
     ),
     "cores-over-100": (_pod("p", _asks({"nvidia.com/gpucores": "150"})), "invalid-gpu-request"),
-    "zero-gpus": (_pod("p", _asks({"nvidia.com/gpu": "0"})), "invalid-gpu-request"),
+    "zero-gpus-beside-memory": (
+        _pod("p", _asks({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"})),
+        "invalid-gpu-request",
+    ),
     "memory-twice": (
         _pod("p", _asks({"nvidia.com/gpumem": "3000", "aliyun.com/gpu-mem": "3"})),
         "invalid-gpu-request",
@@ -711,12 +715,37 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
     ),
 }
 
+
+def _kai_fraction() -> Obj:
+    """A KAI fraction pod as KAI's webhook leaves it, sendable to any namespace."""
+    pod = kai_fraction_pod()
+    del pod["metadata"]["namespace"]
+    return pod
+
+
 ADMITTED: Final[dict[str, Obj]] = {
     "plain": _pod("p", _c(gpu=False)),
     "block-device": _pod(
         "p",
         _c(gpu=False, volumeDevices=[{"name": "d", "devicePath": "/dev/xvdb"}]),
         volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "raw"}}],
+    ),
+    # The binder writes the ConfigMap (tests for who may: below).
+    "kai-fraction": _kai_fraction(),
+    # Volcano's MPI launcher: nvidia.com/gpu: 0 asks for no GPU.
+    "zero-gpu-launcher": _pod(
+        "p",
+        _c(
+            gpu=False,
+            resources={"limits": {"nvidia.com/gpu": "0"}, "requests": {"nvidia.com/gpu": "0"}},
+        ),
+        schedulerName="volcano",
+    ),
+    # MIG's single strategy: whole GPUs under the cluster's own scheduler.
+    "mig-single-whole-gpu": _pod(
+        "p",
+        _c(gpu=False, resources={"limits": {"nvidia.com/gpu": "1"}}),
+        nodeSelector={"nvidia.com/gpu.product": "A100-SXM4-40GB-MIG-1g.5gb"},
     ),
     "plain-privileged": _pod("p", _c(gpu=False, securityContext={"privileged": True})),
     "plain-node-name": _pod("p", _c(gpu=False), nodeName="node-1"),
@@ -894,6 +923,91 @@ def test_each_bypass_is_refused_without_the_webhook(api: Api, ns: str, shape: st
     for kind, obj in (("Pod", pod), ("Deployment", _deployment(pod)), ("CronJob", _cronjob(pod))):
         sent = api.create(kind, ns, obj)
         assert vap_rules(sent) == {rule}, (kind, sent.status, sent.body)
+
+
+# GPU amounts of one container, and whether the core refuses them as invalid-gpu-request:
+# an amount the apiserver reads as zero asks for nothing only where every GPU amount of the
+# container is zero and one is a count (resources.vacant).
+ZERO_AMOUNTS: Final[dict[str, tuple[Obj, bool]]] = {
+    "zero-count": ({"nvidia.com/gpu": "0"}, False),
+    "zero-milli-count": ({"nvidia.com/gpu": "0m"}, False),
+    "zero-count-and-mig": ({"nvidia.com/gpu": "00", "nvidia.com/mig-1g.5gb": "-0"}, False),
+    "zero-count-and-cores": ({"volcano.sh/vgpu-number": "0", "volcano.sh/vgpu-cores": "0"}, False),
+    "zero-count-beside-memory": ({"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"}, True),
+    "zero-count-beside-cores": ({"nvidia.com/gpu": "0m", "nvidia.com/gpucores": "30"}, True),
+    "zero-count-beside-mig": ({"nvidia.com/gpu": "0", "nvidia.com/mig-1g.5gb": "1"}, True),
+    "zero-count-beside-priority": ({"nvidia.com/gpu": "0", "nvidia.com/priority": "0"}, True),
+    "zero-memory-alone": ({"nvidia.com/gpumem": "0"}, True),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(ZERO_AMOUNTS))
+def test_zero_amounts_are_judged_as_the_core_judges_them(api: Api, ns: str, shape: str) -> None:
+    limits, refused = ZERO_AMOUNTS[shape]
+    launcher = _c("launcher", gpu=False, resources={"limits": limits, "requests": limits})
+    pod = _pod("p", launcher, schedulerName="volcano")
+    expected = core_denials(pod, ns)
+    assert ("invalid-gpu-request" in expected) == refused, expected
+    for kind, obj in (("Pod", pod), ("Deployment", _deployment(pod))):
+        # A policy names the first of its validations that fails.
+        sent = api.create(kind, ns, obj)
+        assert vap_rules(sent) <= expected, (kind, sent.status, sent.body)
+        assert (sent.status == 201) == (not expected), (kind, sent.status, sent.body)
+    if refused:
+        return
+    # Beside a legacy CUDA image under a GPU runtime class, the launcher is a container
+    # without a GPU, judged and voided as one.
+    legacy = _c("legacy", gpu=False, env=_env(("CUDA_VERSION", "12.4")))
+    plain = _c("launcher", gpu=False)
+    beside, without = (_pod("p", c, legacy, runtimeClassName="nvidia") for c in (launcher, plain))
+    assert core_denials(beside, ns) == core_denials(without, ns)
+    assert api.create("Pod", ns, beside).body == api.create("Pod", ns, without).body
+    mutated = _mutated(beside, namespace=ns)
+    for container in mutated["spec"]["containers"]:
+        assert {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"} in container["env"]
+    assert api.create("Pod", ns, mutated).status == 201
+
+
+@pytest.mark.parametrize("attack", [None, *sorted(KAI_ATTACKS)])
+def test_kai_fractions_take_devices_only_from_the_binders_config_map(
+    api: Api, ns: str, attack: str | None
+) -> None:
+    pod = _kai_fraction()
+    if attack is not None:
+        KAI_ATTACKS[attack](pod)
+    expected = core_denials(pod, ns)
+    assert ("raw-visible-devices" in expected) == (attack is not None), expected
+    sent = api.create("Pod", ns, pod)
+    assert vap_rules(sent) <= expected, (sent.status, sent.body)
+    assert (sent.status == 201) == (not expected), (sent.status, sent.body)
+
+
+def test_only_kais_binder_writes_devices_into_its_config_maps(api: Api, ns: str) -> None:
+    binder = "system:serviceaccount:kai-scheduler:binder"
+    tenant, _ = IDENTITIES["tenant"]
+    api.grant_config_map_writes(ns, binder, tenant)
+    data = {"NVIDIA_VISIBLE_DEVICES": "GPU-1234", "GPU_PORTION": "0.5"}
+    for name, user, admitted in (
+        (f"{KAI_PREFIX}-0", binder, True),
+        (f"{KAI_PREFIX}-0-evar", binder, True),
+        (f"{KAI_PREFIX}-0", tenant, False),
+        ("gpu-sharing-env", binder, False),
+    ):
+        obj = config_map(name, data)
+        del obj["metadata"]["namespace"]
+        request = Request(kind="ConfigMap", namespace=ns, username=user)
+        assert decide(obj, request, POLICY, phase="validate").allowed == admitted
+        # The policies load asynchronously; the pod policies' wait does not cover these.
+        deadline = time.monotonic() + 30
+        while True:
+            sent = api.create("ConfigMap", ns, obj, user=user)
+            if admitted or vap_rules(sent) or time.monotonic() > deadline:
+                break
+            time.sleep(0.2)
+        if admitted:
+            assert sent.status == 201, sent.body
+        else:
+            assert vap_rules(sent) == {"raw-visible-devices"}, (sent.status, sent.body)
 
 
 def _source(kind: str, **fields: Any) -> Obj:
@@ -1323,6 +1437,24 @@ _AFFINITIES: Final[tuple[Obj | None, ...]] = (
                     {
                         "matchExpressions": [
                             {"key": "gpu", "operator": "In", "values": ["off", "on"]}
+                        ]
+                    },
+                ]
+            }
+        }
+    },
+    # A MIG single-strategy pool (wholeGpus.otherPools' glob).
+    {
+        "nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {
+                "nodeSelectorTerms": [
+                    {
+                        "matchExpressions": [
+                            {
+                                "key": "nvidia.com/gpu.product",
+                                "operator": "In",
+                                "values": ["H100", "H100-80GB-HBM3-MIG-3g.40gb"],
+                            }
                         ]
                     },
                 ]

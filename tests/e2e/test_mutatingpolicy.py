@@ -244,6 +244,8 @@ _STACKS: Final[Mapping[str, Mapping[str, tuple[int, ...]]]] = {
     "dynamic-mig": {"nvidia.com/gpu": (1,), "nvidia.com/gpumem": (5000, 10000)},
     # Whole GPUs, which another scheduler keeps off the sharing pool (webhook.core.whole).
     "whole": {"nvidia.com/gpu": (1, 2, 8)},
+    # Zero GPUs beside whole ones: the launcher of a gang job asks for none.
+    "whole-and-zero": {"nvidia.com/gpu": (0, 1)},
 }
 _REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
 _AFFINITIES: Final[tuple[Obj | None, ...]] = (
@@ -344,7 +346,7 @@ def sharing_objects(draw: st.DrawFn) -> tuple[str, Obj]:
         spec.setdefault("initContainers", []).append(init)
     mode = (
         "none"
-        if stack in ("mig", "whole", "dynamic-mig")
+        if stack in ("mig", "whole", "whole-and-zero", "dynamic-mig")
         else "vgpu"
         if stack == "hami-percentage"
         else None
@@ -354,14 +356,21 @@ def sharing_objects(draw: st.DrawFn) -> tuple[str, Obj]:
     if mode == "mps":
         mps = {"ack.node.gpu.schedule": "mps"}
         selectors = [mps, {**mps, "zone": "a"}, *selectors]
+    whole = stack in ("whole", "whole-and-zero")
+    if whole:
+        # MIG's single strategy (wholeGpus.otherPools): the cluster's own scheduler.
+        selectors += 2 * [
+            {"nvidia.com/mig.strategy": "single"},
+            {"nvidia.com/gpu.product": "A100-SXM4-40GB-MIG-1g.5gb"},
+        ]
     selector = draw(st.sampled_from(selectors))
     if selector is not None:
         spec["nodeSelector"] = selector
     schedulers = [None, "", "default-scheduler"]
     if stack.startswith("hami"):
         schedulers.append("hami-scheduler")
-    if stack == "whole":
-        schedulers = ["kai-scheduler", "volcano", "kai-scheduler", None]
+    if whole:
+        schedulers = [None, "kai-scheduler", "volcano", None, "kai-scheduler"]
         affinity = draw(st.sampled_from(_AFFINITIES))
         if affinity is not None:
             spec["affinity"] = copy.deepcopy(affinity)
@@ -432,8 +441,15 @@ def test_the_policies_mutate_as_the_core_does(map_cluster: MapCluster) -> None:
             return
         compared[core.mode] += 1
         compared[namespace if namespace == CHAINED else kind] += 1
-        if touched(kind, core.mutated)["spec"].get("schedulerName") in ("kai-scheduler", "volcano"):
+        scheduler = touched(kind, core.mutated)["spec"].get("schedulerName")
+        if scheduler in ("kai-scheduler", "volcano"):
             compared["kept its scheduler"] += 1
+        elif core.mode == "none" and set(
+            touched(kind, core.mutated)["spec"].get("nodeSelector") or {}
+        ) & {"nvidia.com/gpu.product", "nvidia.com/mig.strategy"}:
+            # Whole GPUs another stack serves (a MIG single-strategy pool), kept off the
+            # sharing pool under the cluster's own scheduler.
+            compared["another stack's whole GPUs"] += 1
         if (
             core.mode == "mig"
             and "nvidia.com/vgpu-mode" in touched(kind, core.mutated)["annotations"]
@@ -474,6 +490,7 @@ def test_the_policies_mutate_as_the_core_does(map_cluster: MapCluster) -> None:
         assert compared[mode] >= 10, compared
     assert compared["Pod"] >= 20 and compared[CHAINED] >= 20, compared
     assert compared["kept its scheduler"] >= 10 and compared["dynamic MIG"] >= 5, compared
+    assert compared["another stack's whole GPUs"] >= 3, compared
     assert compared["vgpu without HAMi-core"] >= 5, compared
     assert compared["refused"] >= 50, compared
     assert sum(compared[k] for k in COLLECTIONS if k != "Pod") >= 20, compared

@@ -63,6 +63,9 @@ spec:
     allowedNamespaces: {mps: [mps-*], mig: [cel-*]}
   rules:
     gpu-quota: deny
+  # Whole GPUs through DRA: such a pod keeps the cluster's own scheduler.
+  wholeGpus:
+    draResources: [nvidia.com/gpu]
   limits:
     perContainer: {gpus: 2, memoryMiB: 6000, cores: 50}
     perPod: {gpus: 3, memoryMiB: 8000}

@@ -201,7 +201,17 @@ def decide(
     if view is None:
         # Written once and read by pods later: judged whole at every write.
         _apply_actions(
-            decision, object_findings(obj, request.kind, policy, namespace=namespace), (), policy
+            decision,
+            object_findings(
+                obj,
+                request.kind,
+                policy,
+                namespace=namespace,
+                username=request.username,
+                groups=request.groups,
+            ),
+            (),
+            policy,
         )
         return decision
     # An update of a pod is judged by what it adds: what the pod had before is not its

@@ -9,17 +9,19 @@ cannot see either, so they are judged where they are written:
 
 - raw-visible-devices: a ConfigMap or Secret holding as a key a guarded env name
   (:func:`~webhook.core.env.guarded`), whatever its value, or a name of a guarded channel
-  that the policy's env.allowed does not admit in every container (:func:`unadmitted_key`);
+  that the policy's env.allowed does not admit in every container (:func:`unadmitted_key`),
+  unless a ledger's writer writes one of the ledger's ConfigMaps (:func:`kept_by_writer`);
 - gpu-claim: a ResourceClaim or ResourceClaimTemplate with a request on one of the
   policy's GPU device classes outside the namespaces the policy allows
   (``dra.allowedNamespaces``), or, in any namespace, with an opaque configuration for a
   driver of ``dra.claimConfigs`` that its list does not hold; and a DeviceClass that serves one of the policy's sharing
-  resources (``extendedResourceName``; a MIG resource is no slice).
+  resources (``extendedResourceName``; a MIG resource is no slice, and a whole-GPU
+  resource of ``wholeGpus.draResources`` is DRA's by the policy).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Final
 
 from webhook.core.env import channel_of, guarded
@@ -49,6 +51,24 @@ def unadmitted_key(key: str, value: Any, kind: str, policy: Policy) -> bool:
         return False
     shown = value if kind == "ConfigMap" and isinstance(value, str) else None
     return not policy.env_admits_anywhere(key, shown)
+
+
+def kept_by_writer(
+    obj: Mapping[str, Any], kind: str, policy: Policy, *, username: str, groups: Iterable[str]
+) -> bool:
+    """A ConfigMap a ledger's writers keep per pod (its ``configMaps`` names), written by
+    one of them: KAI's binder writes the GPUs it picked for a fractional pod into
+    ``<pod's runai/shared-gpu-configmap>-<n>``, NVIDIA_VISIBLE_DEVICES among its keys
+    (NVIDIA/KAI-Scheduler pkg/binder/common/gpu_access.go:63-101, gpusharingconfigmap/
+    config_map.go:114-167 @ 72de64fc). Anyone else writing one is judged as any."""
+    name = as_mapping(obj.get("metadata")).get("name")
+    if kind != "ConfigMap" or not isinstance(name, str):
+        return False
+    return any(
+        match_any(name, ledger.config_maps) and ledger.writers.match(username, groups)
+        for ledger in policy.ledgers
+        if ledger.config_maps
+    )
 
 
 def _env_source_findings(obj: Mapping[str, Any], kind: str, policy: Policy) -> Iterator[Finding]:
@@ -128,7 +148,8 @@ def _device_class_findings(obj: Mapping[str, Any], policy: Policy) -> Iterator[F
     resource served by DRA (the NVIDIA DRA driver's ``nvidia.com/mig-1g.12gb`` example)
     is a hardware partition either way, isolated and counted as a whole instance."""
     name = as_mapping(obj.get("spec")).get("extendedResourceName")
-    if isinstance(name, str) and name in policy.gpu_resources:
+    # wholeGpus.draResources: the policy says DRA serves these whole GPUs here.
+    if isinstance(name, str) and name in policy.gpu_resources and name not in policy.dra_resources:
         yield Finding(
             "gpu-claim",
             f"DeviceClass serves {name} through DRA, outside the sharing scheduler's "
@@ -137,10 +158,19 @@ def _device_class_findings(obj: Mapping[str, Any], policy: Policy) -> Iterator[F
 
 
 def object_findings(
-    obj: Mapping[str, Any], kind: str, policy: Policy, *, namespace: str
+    obj: Mapping[str, Any],
+    kind: str,
+    policy: Policy,
+    *,
+    namespace: str,
+    username: str = "",
+    groups: Iterable[str] = (),
 ) -> list[Finding]:
-    """The findings on a written object of one of :data:`JUDGED_KINDS`."""
+    """The findings on a written object of one of :data:`JUDGED_KINDS`, written by
+    ``username`` in ``groups``."""
     if kind in ENV_SOURCES:
+        if kept_by_writer(obj, kind, policy, username=username, groups=groups):
+            return []
         return list(_env_source_findings(obj, kind, policy))
     if kind in CLAIM_KINDS:
         return list(_claim_findings(obj, kind, policy, namespace))

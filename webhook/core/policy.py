@@ -75,6 +75,16 @@ _MAXIMA = {
         "cores": {"type": "integer", "minimum": 1},
     },
 }
+# Node labels: key and value (a value of otherPools may be a glob).
+_LABELS: Final = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["key", "value"],
+        "properties": {"key": {"type": "string", "minLength": 1}, "value": {"type": "string"}},
+    },
+}
 
 SCHEMA: Final[dict[str, Any]] = {
     "$schema": "https://json-schema.org/draft/2020-12/schema",
@@ -167,18 +177,9 @@ SCHEMA: Final[dict[str, Any]] = {
                     "additionalProperties": False,
                     "properties": {
                         "resources": _STRINGS,
-                        "sharingPool": {
-                            "type": "array",
-                            "items": {
-                                "type": "object",
-                                "additionalProperties": False,
-                                "required": ["key", "value"],
-                                "properties": {
-                                    "key": {"type": "string", "minLength": 1},
-                                    "value": {"type": "string"},
-                                },
-                            },
-                        },
+                        "sharingPool": _LABELS,
+                        "otherPools": _LABELS,
+                        "draResources": _STRINGS,
                     },
                 },
                 "mps": {
@@ -239,6 +240,21 @@ SCHEMA: Final[dict[str, Any]] = {
                         "properties": {
                             "name": {"type": "string", "minLength": 1},
                             "annotations": _STRINGS,
+                            "configMaps": _STRINGS,
+                            "visibleDevicesFrom": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": [
+                                    "schedulerName",
+                                    "nameAnnotation",
+                                    "requestAnnotations",
+                                ],
+                                "properties": {
+                                    "schedulerName": {"type": "string", "minLength": 1},
+                                    "nameAnnotation": {"type": "string", "minLength": 1},
+                                    "requestAnnotations": _STRINGS,
+                                },
+                            },
                             "writers": _IDENTITIES,
                         },
                     },
@@ -378,12 +394,26 @@ _SERVICE_ACCOUNT: Final = "system:serviceaccount:"
 
 
 @dataclass(frozen=True, slots=True)
+class DevicesFrom:
+    """Pods whose NVIDIA_VISIBLE_DEVICES a ledger's writers put in a ConfigMap of theirs
+    (KAI's fractional GPUs): scheduled by ``scheduler_name``, asking with one of
+    ``request_annotations``, the ConfigMap named by ``name_annotation``."""
+
+    scheduler_name: str
+    name_annotation: str
+    request_annotations: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Ledger:
-    """Annotations one scheduler and its device plugin keep (globs), and who writes them."""
+    """Annotations one scheduler and its device plugin keep (globs), the ConfigMaps its
+    binder writes per pod (name globs), and who writes them."""
 
     name: str
     annotations: tuple[str, ...]
     writers: Identities
+    config_maps: tuple[str, ...] = ()
+    devices_from: DevicesFrom | None = None
     # annotations as one compiled pattern: a glob match per key and pattern (fnmatch)
     # costs microseconds on every request.
     pattern: re.Pattern[str] = field(init=False, repr=False, compare=False)
@@ -503,6 +533,12 @@ class Policy:
     # that names a scheduler of its own keeps it, away from those nodes.
     whole_gpu_resources: frozenset[str]
     sharing_pool: tuple[tuple[str, str], ...]
+    # Node labels (key, value glob) of pools whose whole GPUs another stack serves (MIG's
+    # single strategy serves instances as nvidia.com/gpu), and the whole-GPU resources a
+    # DeviceClass serves through DRA (extendedResourceName): a pod that asks only for
+    # whole GPUs there keeps its scheduler, the default one too, away from the pool.
+    other_pools: tuple[tuple[str, str], ...]
+    dra_resources: frozenset[str]
     actions: Mapping[str, Action]
     # Every reserved annotation glob (each ledger's), and the ledgers that reserve them.
     reserved_annotations: tuple[str, ...]
@@ -957,6 +993,10 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         mps_placed_annotations=frozenset(spec["mps"]["placedByAnnotations"]),
         whole_gpu_resources=frozenset(spec["wholeGpus"]["resources"]) & frozenset(res["count"]),
         sharing_pool=tuple((p["key"], p["value"]) for p in spec["wholeGpus"]["sharingPool"]),
+        other_pools=tuple((p["key"], p["value"]) for p in spec["wholeGpus"]["otherPools"]),
+        dra_resources=frozenset(spec["wholeGpus"]["draResources"])
+        & frozenset(spec["wholeGpus"]["resources"])
+        & frozenset(res["count"]),
         actions={rule: spec["rules"].get(rule, "deny") for rule in RULE_IDS},
         reserved_annotations=tuple(
             dict.fromkeys(
@@ -1190,6 +1230,8 @@ def _ledgers(spec: Mapping[str, Any]) -> tuple[Ledger, ...]:
             name=raw["name"],
             annotations=tuple(raw["annotations"]),
             writers=_identities(raw["writers"]),
+            config_maps=tuple(raw.get("configMaps", ())),
+            devices_from=_devices_from(raw.get("visibleDevicesFrom")),
         )
         for raw in spec["ledgers"]
     ]
@@ -1202,6 +1244,16 @@ def _ledgers(spec: Mapping[str, Any]) -> tuple[Ledger, ...]:
             )
         )
     return tuple(ledgers)
+
+
+def _devices_from(raw: Mapping[str, Any] | None) -> DevicesFrom | None:
+    if raw is None:
+        return None
+    return DevicesFrom(
+        scheduler_name=raw["schedulerName"],
+        name_annotation=raw["nameAnnotation"],
+        request_annotations=tuple(raw["requestAnnotations"]),
+    )
 
 
 def _identities(raw: Mapping[str, Any]) -> Identities:

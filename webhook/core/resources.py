@@ -245,10 +245,46 @@ def _read_sharing(resource: str, raw: Any, request: ContainerRequest, policy: Po
         request.problems.append(problem)
 
 
+def is_zero(raw: Any) -> bool:
+    """``raw`` is a quantity the apiserver reads as zero: ``0``, ``"0"``, ``"00"``,
+    ``"0m"``, ``"0Gi"``, ``"-0"``, ``"0e3"`` (resource.Quantity's grammar; it stores each
+    as ``0``). A bool is none, and text is taken as written, as the apiserver takes it."""
+    if type(raw) is int:
+        return raw == 0
+    if not isinstance(raw, float | str) or isinstance(raw, bool):
+        return False
+    parsed = quantity.parse(str(raw))
+    return parsed is not None and parsed.value == 0
+
+
+def vacant(container: Mapping[str, Any], policy: Policy) -> bool:
+    """The container names GPU resources of the policy, and every one of them is zero in
+    limits and requests alike (``nvidia.com/gpu: 0``, as Volcano's MPI examples write for
+    their launchers): it asks for no GPU, and is a container without one everywhere. One
+    of them is a count or a MIG instance: memory or cores alone imply a count of one
+    (HAMi's webhook adds its DefaultGPUNum where the count is absent, Project-HAMi/HAMi
+    pkg/device/nvidia/device.go MutateAdmission @ 4707fb02), so zero memory alone is read
+    as written and refused. A priority resource is no amount (0 is HAMi's high priority):
+    beside one, a zero count is read as written, and refused as a count below 1."""
+    resources = as_mapping(container.get("resources"))
+    gpu, mig = policy.gpu_resources, policy.mig_prefixes
+    counted = False
+    for part in ("limits", "requests"):
+        amounts = as_mapping(resources.get(part))
+        for name in amounts:
+            if not isinstance(name, str) or not (name in gpu or name.startswith(mig)):
+                continue
+            if name in policy.priority_resources or not is_zero(amounts[name]):
+                return False
+            counted = counted or name in policy.count_resources or name.startswith(mig)
+    return counted
+
+
 def read_container(
     container: Mapping[str, Any], *, kind: ContainerKind, index: int, policy: Policy
 ) -> ContainerRequest | None:
-    """The GPU request of one container, or None when it asks for no GPU resource."""
+    """The GPU request of one container, or None when it asks for no GPU resource (or
+    only for zero of each: :func:`vacant`)."""
     resources = as_mapping(container.get("resources"))
     limits = as_mapping(resources.get("limits"))
     requests = as_mapping(resources.get("requests"))
@@ -260,7 +296,7 @@ def read_container(
         for n in requests
         if isinstance(n, str) and (n in gpu or n.startswith(mig)) and n not in limits
     ]
-    if not names:
+    if not names or vacant(container, policy):
         return None
     name = container.get("name")
     request = ContainerRequest(
@@ -332,18 +368,22 @@ def asks_for_gpu(container: Mapping[str, Any], policy: Policy) -> bool:
     """The container may get a GPU some way: a resource of the policy, one whose name says
     GPU under any vendor (``nvidia.com/gpu.shared``, ``amd.com/gpu``, ``gpu.intel.com/i915``),
     a MIG instance, or a DRA claim. What asks for none gets ``NVIDIA_VISIBLE_DEVICES=void``:
-    voiding a container that gets a GPU another way would break it."""
+    voiding a container that gets a GPU another way would break it. The policy's GPU
+    resources of a :func:`vacant` container ask for none."""
     resources = as_mapping(container.get("resources"))
     taken = resources.get("claims")
     if isinstance(taken, list) and taken:
         return True
+    gpu, mig = policy.gpu_resources, policy.mig_prefixes
+    empty = vacant(container, policy)
     for part in ("limits", "requests"):
         for name in as_mapping(resources.get(part)):
-            if isinstance(name, str) and (
-                "gpu" in name.lower()
-                or name in policy.gpu_resources
-                or name.startswith(policy.mig_prefixes)
-            ):
+            if not isinstance(name, str):
+                continue
+            if name in gpu or name.startswith(mig):
+                if not empty:
+                    return True
+            elif "gpu" in name.lower():
                 return True
     return False
 
@@ -353,6 +393,8 @@ def container_class(container: Mapping[str, Any], policy: Policy) -> ContainerCl
     wholeGpus.resources, beside a priority; or a GPU another way: a claim, another
     vendor's resource), for part of one (memory, cores, a MIG instance, a vGPU count:
     a slice), or for none."""
+    if vacant(container, policy):
+        return "whole" if asks_for_gpu(container, policy) else "none"
     resources = as_mapping(container.get("resources"))
     asked: set[str] = set()
     for part in ("limits", "requests"):

@@ -59,6 +59,7 @@ from webhook.core.resources import (
     asks_for_gpu,
     container_class,
     describe,
+    vacant,
 )
 from webhook.core.whole import pool_selection
 from webhook.core.workload import MAPPINGS, PodView, as_mapping
@@ -374,6 +375,57 @@ def _visible_devices(label: str, value: str | None, *, source: str = "") -> Find
     return None
 
 
+def devices_from_ledger(
+    entry: Mapping[str, Any],
+    container: Mapping[str, Any],
+    *,
+    kind: ContainerKind,
+    index: int,
+    subject: Subject,
+    policy: Policy,
+) -> bool:
+    """The env ``entry`` takes NVIDIA_VISIBLE_DEVICES from the ConfigMap a ledger's
+    writers keep for this very container (``visibleDevicesFrom``): KAI's admission webhook
+    points a fractional pod's container there (configMapKeyRef, key NVIDIA_VISIBLE_DEVICES,
+    not optional), named ``<nameAnnotation>-<index>`` (``i<index>`` in an init container:
+    NVIDIA/KAI-Scheduler pkg/binder/common/gpusharingconfigmap/config_map.go:114-126 @
+    72de64fc), and its binder writes there the GPUs its scheduler picked. Only the
+    writers may write such a ConfigMap (:func:`~webhook.core.objects.kept_by_writer`), so
+    the pod gets what the scheduler counted: when it names that scheduler, asks with one
+    of its annotations, is not pinned to a node past it (nodeName), and the container asks
+    for no GPU resource of its own."""
+    source = as_mapping(entry.get("valueFrom"))
+    ref = as_mapping(source.get("configMapKeyRef"))
+    name = ref.get("name")
+    if (
+        set(source) != {"configMapKeyRef"}
+        or ref.get("key") != "NVIDIA_VISIBLE_DEVICES"
+        or ref.get("optional") is True
+        or not isinstance(name, str)
+        or kind == "ephemeralContainers"
+    ):
+        return False
+    spec = subject.view.spec
+    if spec.get("nodeName") or asks_for_gpu(container, policy):
+        return False
+    annotations = as_mapping(as_mapping(subject.view.metadata).get("annotations"))
+    suffix = f"i{index}" if kind == "initContainers" else str(index)
+    for ledger in policy.ledgers:
+        wanted = ledger.devices_from
+        if wanted is None or spec.get("schedulerName") != wanted.scheduler_name:
+            continue
+        if not any(a in annotations for a in wanted.request_annotations):
+            continue
+        prefix = annotations.get(wanted.name_annotation)
+        if (
+            isinstance(prefix, str)
+            and name == f"{prefix}-{suffix}"
+            and match_any(name, ledger.config_maps)
+        ):
+            return True
+    return False
+
+
 def variable_findings(
     label: str, name: Any, value: str | None, *, gpu: bool, policy: Policy, source: str = ""
 ) -> Iterator[Finding]:
@@ -615,7 +667,7 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
         containers = spec.get(kind)
         if not isinstance(containers, list):
             continue
-        for container in containers:
+        for index, container in enumerate(containers):
             if not isinstance(container, MAPPINGS):
                 continue
             if gpu:
@@ -686,6 +738,10 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                     if not isinstance(name, str):
                         continue
                     if name in judged:
+                        if name == "NVIDIA_VISIBLE_DEVICES" and devices_from_ledger(
+                            entry, container, kind=kind, index=index, subject=subject, policy=policy
+                        ):
+                            continue
                         yield from variable_findings(
                             _label(kind, container), name, env_value(entry), gpu=gpu, policy=policy
                         )
@@ -947,7 +1003,7 @@ def _class_resources(spec: Mapping[str, Any], policy: Policy) -> list[tuple[str,
             if not isinstance(container, MAPPINGS):
                 continue
             resources = container.get("resources")
-            if resources is None:
+            if resources is None or vacant(container, policy):
                 continue
             resources = as_mapping(resources)
             for part in ("limits", "requests"):

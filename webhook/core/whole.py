@@ -17,7 +17,7 @@ from collections.abc import Iterator, Mapping
 from typing import Any, Final
 
 from webhook.core.mode import ModeChoice
-from webhook.core.policy import DEFAULT_SCHEDULER, Policy
+from webhook.core.policy import DEFAULT_SCHEDULER, Policy, match_any
 from webhook.core.resources import PodRequests
 from webhook.core.workload import MAPPINGS, as_mapping
 
@@ -42,15 +42,29 @@ def keeps_scheduler(
     spec: Mapping[str, Any], requests: PodRequests, choice: ModeChoice, policy: Policy
 ) -> bool:
     """The pod asks only for whole GPUs, names no mode, and names a scheduler that is
-    neither the cluster's own, the sharing one, nor one the policy allows: it keeps it."""
-    scheduler = spec.get("schedulerName")
-    if not isinstance(scheduler, str) or scheduler in ("", DEFAULT_SCHEDULER):
-        return False
+    neither the cluster's own, the sharing one, nor one the policy allows: it keeps it.
+    Under the cluster's own scheduler (named or not) it keeps it where its whole GPUs are
+    another stack's (:func:`served_elsewhere`)."""
     if choice.named or not asks_whole(requests, policy):
         return False
-    if scheduler in policy.allowed_schedulers:
+    scheduler = spec.get("schedulerName")
+    if scheduler is None or scheduler in ("", DEFAULT_SCHEDULER):
+        return served_elsewhere(spec, requests, policy)
+    if not isinstance(scheduler, str) or scheduler in policy.allowed_schedulers:
         return False
     return scheduler != policy.scheduler_for(requests, mode=choice.mode)
+
+
+def served_elsewhere(spec: Mapping[str, Any], requests: PodRequests, policy: Policy) -> bool:
+    """Another stack serves the pod's whole GPUs: each is a resource a DeviceClass serves
+    through DRA (``wholeGpus.draResources``), or the pod selects a pool of
+    ``wholeGpus.otherPools`` (MIG's single strategy: GFD labels such nodes
+    nvidia.com/mig.strategy=single and their product <model>-MIG-<profile>)."""
+    if policy.dra_resources and all(
+        set(request.sharing_resources) <= policy.dra_resources for request in requests.containers
+    ):
+        return True
+    return other_pool_selection(spec, policy) is not None
 
 
 def away_from_pool(policy: Policy) -> list[dict[str, Any]]:
@@ -78,6 +92,27 @@ def _expressions(terms: Any) -> Iterator[Mapping[str, Any]]:
         for expression in expressions if isinstance(expressions, list) else ():
             if isinstance(expression, MAPPINGS):
                 yield expression
+
+
+def other_pool_selection(spec: Mapping[str, Any], policy: Policy) -> str | None:
+    """What in the pod selects a pool of ``wholeGpus.otherPools`` (its nodeSelector, or a
+    required node affinity ``In`` a value the pool's glob matches); None if nothing does."""
+    if not policy.other_pools:
+        return None
+    selector = as_mapping(spec.get("nodeSelector"))
+    for key, value in policy.other_pools:
+        if key in selector and match_any(str(selector[key]), (value,)):
+            return f"nodeSelector {key}={selector[key]}"
+    for expression in _expressions(required_terms(spec)):
+        values = expression.get("values")
+        if expression.get("operator") != "In" or not isinstance(values, list):
+            continue
+        for key, value in policy.other_pools:
+            if expression.get("key") == key and any(
+                isinstance(v, str) and match_any(v, (value,)) for v in values
+            ):
+                return f"node affinity {key} In {value}"
+    return None
 
 
 def pool_selection(spec: Mapping[str, Any], policy: Policy) -> str | None:

@@ -386,8 +386,9 @@ def container_list(spec: str) -> str:
     return " + ".join(f"(has({spec}.{kind}) ? {spec}.{kind} : [])" for kind in CONTAINER_KINDS)
 
 
-def asks_test(container: str, test: str) -> str:
-    """``container`` asks for a resource ``r`` (in limits or requests) that passes ``test``."""
+def names_test(container: str, test: str) -> str:
+    """``container`` names a resource ``r`` (in limits or requests) that passes ``test``,
+    whatever its amount."""
     c = container
     return (
         f"has({c}.resources) && ("
@@ -396,9 +397,49 @@ def asks_test(container: str, test: str) -> str:
     )
 
 
-def _requests(containers: str, test: str) -> str:
+def vacant(policy: Policy, container: str) -> str:
+    """``resources.vacant``: every GPU amount ``container`` names is zero (a quantity the
+    apiserver stores as ``0``), a count or MIG instance among them, no priority."""
+    c = container
+    parts = (
+        f"[has({c}.resources.limits) ? {c}.resources.limits : {{}}, "
+        f"has({c}.resources.requests) ? {c}.resources.requests : {{}}]"
+    )
+    priorities = sorted(policy.priority_resources)
+    other = f"r in {_list(priorities)} || " if priorities else ""
+    zero = f"!({other}!isQuantity(string(X[r])) || quantity(string(X[r])).compareTo(quantity('0')) != 0)"
+    counts = sorted(policy.count_resources)
+    counted = f"r in {_list(counts)} || " if counts else ""
+    return (
+        f"has({c}.resources) && {parts}.all(X, X.all(r, !({_gpu_resource(policy)}) || {zero})) "
+        f"&& {parts}.exists(X, X.exists(r, {counted}{_mig_test(policy)}))"
+    )
+
+
+def vacates(policy: Policy) -> bool:
+    """A container can be :func:`vacant` under ``policy``: it has a count or MIG resource."""
+    return bool(policy.count_resources or policy.mig_prefixes)
+
+
+def is_vacant(policy: Policy, container: str) -> str:
+    """``container`` is one of ``variables.vacant`` (the object's containers of zero GPU
+    amounts, by name: names are unique across a pod's containers, init and ephemeral
+    containers, and a pod update cannot change a container's extended resources)."""
+    return f"{container}.name in variables.vacant" if vacates(policy) else "false"
+
+
+def asks_test(container: str, test: str, *, policy: Policy) -> str:
+    """``container`` asks for a resource ``r`` (in limits or requests) that passes
+    ``test``: it names one, and is not :func:`vacant` (``nvidia.com/gpu: 0`` asks for
+    nothing)."""
+    if not vacates(policy):
+        return names_test(container, test)
+    return f"!({is_vacant(policy, container)}) && {names_test(container, test)}"
+
+
+def _requests(policy: Policy, containers: str, test: str) -> str:
     """A container asks for a resource ``r`` (in limits or requests) that passes ``test``."""
-    return f"{containers}.exists(c, {asks_test('c', test)})"
+    return f"{containers}.exists(c, {asks_test('c', test, policy=policy)})"
 
 
 def _mig_test(policy: Policy) -> str:
@@ -406,10 +447,15 @@ def _mig_test(policy: Policy) -> str:
     return " || ".join(f"r.startsWith({literal(p)})" for p in prefixes) or "false"
 
 
-def gpu_test(policy: Policy, containers: str) -> str:
-    """Any GPU request (``PodRequests.gpu``): a resource of the policy or a MIG one."""
+def gpu_test(policy: Policy, containers: str, *, inline: bool = False) -> str:
+    """Any GPU request (``PodRequests.gpu``): a resource of the policy or a MIG one, in a
+    container that is not :func:`vacant`; ``inline`` tests that in place, where no
+    variable is bound (a matchCondition)."""
     listed = f"r in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else "false"
-    return _requests(containers, f"{listed} || {_mig_test(policy)}")
+    test = f"{listed} || {_mig_test(policy)}"
+    if inline and vacates(policy):
+        return f"{containers}.exists(c, !({vacant(policy, 'c')}) && {names_test('c', test)})"
+    return _requests(policy, containers, test)
 
 
 def _sharing_test(policy: Policy) -> str:
@@ -420,12 +466,12 @@ def _sharing_test(policy: Policy) -> str:
 
 def _sharing(policy: Policy, containers: str) -> str:
     """A shared GPU (``PodRequests.sharing``): a resource of the policy that is not MIG."""
-    return _requests(containers, _sharing_test(policy))
+    return _requests(policy, containers, _sharing_test(policy))
 
 
 def _mig(policy: Policy, containers: str) -> str:
     """A MIG instance (``PodRequests.mig``)."""
-    return _requests(containers, _mig_test(policy))
+    return _requests(policy, containers, _mig_test(policy))
 
 
 # Mode annotation values and the mode each means (webhook.core.mode).
@@ -497,6 +543,10 @@ def variables(policy: Policy) -> list[Obj]:
         {"name": "spec", "expression": template("object", "spec")},
         {"name": "meta", "expression": template("object", "metadata")},
         {"name": "containers", "expression": container_list("variables.spec")},
+        {
+            "name": "vacant",
+            "expression": f"variables.containers.filter(c, {vacant(policy, 'c')}).map(c, c.name)",
+        },
         {"name": "gpu", "expression": gpu_test(policy, "variables.containers")},
         {
             "name": "created",
@@ -529,7 +579,9 @@ def _library(policy: Policy) -> str:
     if not policy.without_library:
         return "true"
     served = asks_test(
-        "c", f"({_sharing_test(policy)}) && !(r in {_list(sorted(policy.without_library))})"
+        "c",
+        f"({_sharing_test(policy)}) && !(r in {_list(sorted(policy.without_library))})",
+        policy=policy,
     )
     return f"variables.mode != 'vgpu' || variables.containers.exists(c, {served})"
 
@@ -567,18 +619,45 @@ _SCHEDULER: Final = "variables.spec.schedulerName"
 
 def _keeps_scheduler(policy: Policy) -> str:
     """``whole.keeps_scheduler``: only whole-GPU resources, no mode named, and a
-    schedulerName that is not the cluster's own, the sharing one or an allowed one."""
+    schedulerName that is not the cluster's own, the sharing one or an allowed one; under
+    the cluster's own, whole GPUs another stack serves (:func:`_served_elsewhere`)."""
     if not policy.whole_gpu_resources:
         return "false"
-    static = sorted({"", DEFAULT_SCHEDULER, *policy.allowed_schedulers})
     gpu = f"r in {_list(sorted(policy.gpu_resources))} || {_mig_test(policy)}"
-    other = asks_test("c", f"!(r in {_list(sorted(policy.whole_gpu_resources))}) && ({gpu})")
+    other = asks_test(
+        "c", f"!(r in {_list(sorted(policy.whole_gpu_resources))}) && ({gpu})", policy=policy
+    )
     named = " || ".join(f"({c})" for c, _ in _named_steps(policy)) or "false"
-    return (
-        f"variables.sharing && has({_SCHEDULER}) && !({_SCHEDULER} in {_list(static)}) && "
-        f"!variables.containers.exists(c, {other}) && !({named}) && "
+    default = f"!has({_SCHEDULER}) || {_SCHEDULER} in {_list(['', DEFAULT_SCHEDULER])}"
+    own = (
+        f"!({_SCHEDULER} in {_list(sorted(policy.allowed_schedulers))}) && "
         f"{_SCHEDULER} != ({wanted_scheduler(policy)})"
     )
+    return (
+        f"variables.sharing && !variables.containers.exists(c, {other}) && !({named}) && "
+        f"(({default}) ? ({_served_elsewhere(policy)}) : ({own}))"
+    )
+
+
+def _served_elsewhere(policy: Policy) -> str:
+    """``whole.served_elsewhere`` of a pod that asks only for whole GPUs: each is one of
+    wholeGpus.draResources, or the pod selects a pool of wholeGpus.otherPools."""
+    terms = []
+    if policy.dra_resources:
+        gpu = f"r in {_list(sorted(policy.gpu_resources))} || {_mig_test(policy)}"
+        outside = f"({gpu}) && !(r in {_list(sorted(policy.dra_resources))})"
+        terms.append(f"!variables.containers.exists(c, {asks_test('c', outside, policy=policy)})")
+    for key, value in policy.other_pools:
+        terms.append(
+            f"{literal(key)} in {_SELECTOR} && "
+            f"({_glob_test(f'string({_SELECTOR}[{literal(key)}])', [value])})"
+        )
+        terms.append(
+            f"{NODE_TERMS}.exists(t, has(t.matchExpressions) && t.matchExpressions.exists(e, "
+            f"e.key == {literal(key)} && e.operator == 'In' && has(e.values) && "
+            f"e.values.exists(v, {_glob_test('v', [value])})))"
+        )
+    return " || ".join(f"({t})" for t in terms) or "false"
 
 
 _REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -670,13 +749,14 @@ def _node_name(containers: str, gpu: str, spec: str) -> str:
     return f"variables.created && {gpu} && has({spec}.nodeName) && {spec}.nodeName != ''"
 
 
-def _asks_for_gpu(policy: Policy, c: str) -> str:
-    """``resources.asks_for_gpu`` of container ``c``."""
-    listed = f" || r in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else ""
-    test = f"r.lowerAscii().contains('gpu'){listed} || {_mig_test(policy)}"
+def asks_for_gpu(policy: Policy, c: str) -> str:
+    """``resources.asks_for_gpu`` of container ``c``: a claim, a resource of the policy or
+    a MIG instance (unless it is :func:`vacant`), a resource whose name says gpu."""
+    gpu = _gpu_resource(policy)
+    other = f"!({gpu}) && r.lowerAscii().contains('gpu')"
     return (
         f"(has({c}.resources) && has({c}.resources.claims) && size({c}.resources.claims) > 0) "
-        f"|| ({asks_test(c, test)})"
+        f"|| ({asks_test(c, gpu, policy=policy)}) || ({names_test(c, other)})"
     )
 
 
@@ -730,7 +810,7 @@ def slice_test(policy: Policy, c: str) -> str:
     """Container ``c`` asks for part of a GPU (``rules.container_class`` 'slice')."""
     parts = sorted(policy.gpu_resources - policy.priority_resources - policy.whole_gpu_resources)
     listed = [f"r in {_list(parts)}"] if parts else []
-    return asks_test(c, " || ".join([*listed, _mig_test(policy)]))
+    return asks_test(c, " || ".join([*listed, _mig_test(policy)]), policy=policy)
 
 
 def _items_regex(items: Iterable[str], pattern: str | None) -> str:
@@ -791,7 +871,9 @@ def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
     )
 
     # The containers the mutation gives the MPS client's settings (mutation.wanted_env).
-    mps_client = f"variables.mode == 'mps' && {asks_test('c', _sharing_test(policy))}"
+    mps_client = (
+        f"variables.mode == 'mps' && {asks_test('c', _sharing_test(policy), policy=policy)}"
+    )
 
     def unadmitted(klass: ContainerClass) -> str:
         admitted = env_admitted(policy, "e.name", _value("e"), _opaque("e"), klass)
@@ -803,21 +885,66 @@ def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
 
     return (
         f"{containers}.exists(c, has(c.env) && (({slice_test(policy, 'c')}) ? "
-        f"{unadmitted('slice')} : ({_asks_for_gpu(policy, 'c')}) ? "
+        f"{unadmitted('slice')} : ({asks_for_gpu(policy, 'c')}) ? "
         f"{unadmitted('whole')} : {unadmitted('none')}))"
+    )
+
+
+# The annotations of the pod spec a PodTest reads.
+_ANNOTATIONS_OF: Final = {
+    "variables.spec": "variables.annotations",
+    "variables.oldSpec": "variables.oldAnnotations",
+}
+
+
+def _devices_from_ledger(policy: Policy, spec: str) -> str:
+    """``rules.devices_from_ledger`` of entry ``e`` of container ``c``: from the ConfigMap
+    a ledger's writers keep for this container, in a pod of that ledger's scheduler."""
+    annotations = _ANNOTATIONS_OF[spec]
+    ref = "e.valueFrom.configMapKeyRef"
+    # The container's place: <index> among the containers, i<index> among the init
+    # containers (names are unique across both); an ephemeral one has none ("/").
+    suffix = (
+        f"(has({spec}.containers) && {spec}.containers.exists(x, x.name == c.name) ? "
+        f"string({spec}.containers.map(x, x.name).indexOf(c.name)) : "
+        f"has({spec}.initContainers) && {spec}.initContainers.exists(x, x.name == c.name) ? "
+        f"'i' + string({spec}.initContainers.map(x, x.name).indexOf(c.name)) : '/')"
+    )
+    terms = []
+    for ledger in policy.ledgers:
+        wanted = ledger.devices_from
+        if wanted is None or not ledger.config_maps:
+            continue
+        key = literal(wanted.name_annotation)
+        asked = " || ".join(f"{literal(a)} in {annotations}" for a in wanted.request_annotations)
+        terms.append(
+            f"has({spec}.schedulerName) && {spec}.schedulerName == "
+            f"{literal(wanted.scheduler_name)} && ({asked or 'false'}) && {key} in {annotations} "
+            f"&& {ref}.name == {annotations}[{key}] + '-' + {suffix} && "
+            f"({_glob_test(f'{ref}.name', ledger.config_maps)})"
+        )
+    if not terms:
+        return "false"
+    return (
+        f"has(e.valueFrom.configMapKeyRef) && {ref}.key == {literal(_VISIBLE)} && "
+        f"!(has({ref}.optional) && {ref}.optional) && "
+        f"!(has({spec}.nodeName) && {spec}.nodeName != '') && "
+        f"!({asks_for_gpu(policy, 'c')}) && (" + " || ".join(f"({t})" for t in terms) + ")"
     )
 
 
 def _visible_devices(policy: Policy) -> PodTest:
     def test(containers: str, gpu: str, spec: str) -> str:
         harmless = _stripped_in(_value("e"), _HARMLESS_VISIBLE_DEVICES)
+        from_ledger = _devices_from_ledger(policy, spec)
         raw = _env_exists(
             containers,
-            f"e.name == 'NVIDIA_VISIBLE_DEVICES' && (has(e.valueFrom) || !({harmless}))",
+            f"e.name == 'NVIDIA_VISIBLE_DEVICES' && (has(e.valueFrom) ? !({from_ledger}) : "
+            f"!({harmless}))",
         )
         # A legacy container that asks for no GPU gets every GPU; a slice, every capability.
         legacy = (
-            f"{containers}.exists(c, ({_legacy('c')}) && (!({_asks_for_gpu(policy, 'c')}) || "
+            f"{containers}.exists(c, ({_legacy('c')}) && (!({asks_for_gpu(policy, 'c')}) || "
             f"({gpu} && has(c.env) && c.env.exists(e, has(e.name) && "
             f"e.name == 'NVIDIA_REQUIRE_CUDA') && ({slice_test(policy, 'c')}))))"
         )
@@ -1081,7 +1208,7 @@ def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotatio
         classes = _list(sorted(policy.gpu_runtime_classes))
         terms.append(
             f"has({spec}.runtimeClassName) && {spec}.runtimeClassName in {classes} && "
-            f"{containers}.exists(c, !({_asks_for_gpu(policy, 'c')}) && "
+            f"{containers}.exists(c, !({asks_for_gpu(policy, 'c')}) && "
             f"!(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)})))"
         )
     return " || ".join(f"({t})" for t in terms)
@@ -1304,21 +1431,21 @@ def request_variables(policy: Policy) -> list[Obj]:
     return [
         {
             "name": "mainAsks",
-            "expression": f"has({spec}.containers) ? {spec}.containers.map(c, "
-            f"{_ask(policy, 'c')}) : []",
+            "expression": f"has({spec}.containers) ? {spec}.containers"
+            f".filter(c, !({is_vacant(policy, 'c')})).map(c, {_ask(policy, 'c')}) : []",
         },
         {
             "name": "initAsks",
-            "expression": f"has({spec}.initContainers) ? {spec}.initContainers.map(c, "
-            f"{_ask(policy, 'c', init=True)}) : []",
+            "expression": f"has({spec}.initContainers) ? {spec}.initContainers"
+            f".filter(c, !({is_vacant(policy, 'c')})).map(c, {_ask(policy, 'c', init=True)}) : []",
         },
     ]
 
 
 def _invalid_gpu_request(policy: Policy) -> str:
     return (
-        "!(variables.created && variables.gpu && "
-        f"variables.containers.exists(c, {_invalid_request(policy)}))"
+        "!(variables.created && variables.gpu && variables.containers.exists(c, "
+        f"!({is_vacant(policy, 'c')}) && {_invalid_request(policy)}))"
     )
 
 
@@ -1344,7 +1471,10 @@ def _mode_conflict(policy: Policy) -> str:
         misspelt = f"({literal(key)} in {ann} ? !({value}) : ({misspelt}))"
     named = f"!({' || '.join(f'({c})' for c, _ in _mode_steps(policy))})"
     unnamed = f" && {named}" if policy.default_mode == "none" else ""
-    mig, shares = asks_test("c", _mig_test(policy)), asks_test("c", _sharing_test(policy))
+    mig, shares = (
+        asks_test("c", _mig_test(policy), policy=policy),
+        asks_test("c", _sharing_test(policy), policy=policy),
+    )
     containers = (
         f"variables.containers.exists(c, [{mig}].exists(mig, [{shares}].exists(shares, "
         f"(mig && (shares || {mode} != 'mig')) || "
@@ -1587,7 +1717,7 @@ def _mode_mutated(policy: Policy, mode: Mode) -> str:
         f"(has({spec}.initContainers) ? {spec}.initContainers : [])"
     )
     terms.append(
-        f"({containers}).all(c, !({asks_test('c', _sharing_test(policy))}) || "
+        f"({containers}).all(c, !({asks_test('c', _sharing_test(policy), policy=policy)}) || "
         f"({_container_mutated(policy, mode)}))"
     )
     return " && ".join(f"({t})" for t in terms)
@@ -1601,7 +1731,7 @@ def _unmutated(policy: Policy) -> str:
     voided = (
         f"((has({spec}.containers) ? {spec}.containers : []) + "
         f"(has({spec}.initContainers) ? {spec}.initContainers : [])).all(c, "
-        f"({_asks_for_gpu(policy, 'c')}) || "
+        f"({asks_for_gpu(policy, 'c')}) || "
         f"(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)})))"
     )
     modes: tuple[Mode, ...] = ("vgpu", "mps")
@@ -1643,7 +1773,7 @@ def _dynamic_mutated(policy: Policy) -> str:
         f"(has({spec}.initContainers) ? {spec}.initContainers : [])"
     )
     implied = (
-        f"({containers}).all(c, !({asks_test('c', _sharing_test(policy))}) || "
+        f"({containers}).all(c, !({asks_test('c', _sharing_test(policy), policy=policy)}) || "
         f"!({_implied(policy)}))"
     )
     return f"({_scheduled(policy)}) && ({implied})"
@@ -1717,14 +1847,14 @@ def wanted_scheduler(policy: Policy) -> str:
         terms = []
         other_slices = [r for r in slices if r not in resources]
         if other_slices:
-            terms.append(asks_test("c", f"r in {_list(other_slices)}"))
+            terms.append(asks_test("c", f"r in {_list(other_slices)}", policy=policy))
         for count in sharing:
             if count not in policy.count_resources or count in resources:
                 continue
-            term = asks_test("c", f"r == {literal(count)}")
+            term = asks_test("c", f"r == {literal(count)}", policy=policy)
             own = [r for r in slices if count.startswith(r.split("/", 1)[0] + "/")]
             if own:
-                term += f" && !({asks_test('c', f'r in {_list(own)}')})"
+                term += f" && !({asks_test('c', f'r in {_list(own)}', policy=policy)})"
             terms.append(term)
         other = " || ".join(f"({t})" for t in terms) or "false"
         expression = (
@@ -1757,7 +1887,7 @@ def _claims(policy: Policy) -> str:
         return "true"
     classes = sorted(DEVICE_CLASS_RESOURCE + c for c in policy.gpu_device_classes)
     allowed = _glob_test("request.namespace", policy.claim_namespaces)
-    asked = _requests("variables.containers", f"r in {_list(classes)}")
+    asked = _requests(policy, "variables.containers", f"r in {_list(classes)}")
     return f"!(variables.created && !({allowed}) && {asked})"
 
 
@@ -1903,7 +2033,25 @@ def _env_source_expression(policy: Policy) -> str:
     )
     test = f"({guarded}) || (({channels}) && !({anywhere}))"
     kinds = _list(sorted(ENV_SOURCES))
-    return f"!(request.kind.kind in {kinds} && has(object.data) && object.data.exists(k, {test}))"
+    return (
+        f"!(request.kind.kind in {kinds} && has(object.data) && !({_kept_by_writer(policy)}) "
+        f"&& object.data.exists(k, {test}))"
+    )
+
+
+def _kept_by_writer(policy: Policy) -> str:
+    """``objects.kept_by_writer``: a ConfigMap of a ledger's ``configMaps``, written by one
+    of the ledger's writers."""
+    name = "object.metadata.name"
+    terms = [
+        f"({_glob_test(name, ledger.config_maps)}) && ({identity_test(ledger.writers)})"
+        for ledger in policy.ledgers
+        if ledger.config_maps
+    ]
+    if not terms:
+        return "false"
+    kept = " || ".join(f"({t})" for t in terms)
+    return f"request.kind.kind == 'ConfigMap' && has(object.metadata.name) && ({kept})"
 
 
 def _claim_expression(policy: Policy) -> str:
@@ -1940,6 +2088,9 @@ def _claim_expression(policy: Policy) -> str:
     # The sharing resources only: a MIG resource served by DRA is no slice.
     name = "object.spec.extendedResourceName"
     served = f"{name} in {_list(sorted(policy.gpu_resources))}" if policy.gpu_resources else "false"
+    if policy.dra_resources:
+        # wholeGpus.draResources: the policy says DRA serves these whole GPUs here.
+        served += f" && !({name} in {_list(sorted(policy.dra_resources))})"
     device_class = (
         f"request.kind.kind == {literal(DEVICE_CLASS)} && has(object.spec) && "
         f"has({name}) && {served}"

@@ -276,18 +276,6 @@ def _sharing_test(policy: Policy) -> str:
     return f"r in {_list(sharing)}" if sharing else "false"
 
 
-def asks_for_gpu(c: str, policy: Policy) -> str:
-    """``resources.asks_for_gpu``: a claim, a resource whose name says gpu, one of the
-    policy's, or a MIG instance."""
-    listed = f"r in {_list(sorted(policy.gpu_resources))} || " if policy.gpu_resources else ""
-    mig = " || ".join(f"r.startsWith({literal(p)})" for p in sorted(set(policy.mig_prefixes)))
-    test = f"r.lowerAscii().contains('gpu') || {listed}{mig or 'false'}"
-    return (
-        f"(has({c}.resources) && has({c}.resources.claims) && size({c}.resources.claims) > 0)"
-        f" || ({celpolicy.asks_test(c, test)})"
-    )
-
-
 # ------------------------------------------------------------------- variables
 
 # The pod's containers and init containers (the mutation leaves ephemeral ones alone).
@@ -312,10 +300,10 @@ def _pointer() -> str:
 def mutation_variables(policy: Policy) -> list[Obj]:
     """celpolicy's variables, and per container name what the mutation sets in it."""
     void = (
-        f"({_POD_CONTAINERS}).filter(c, !({asks_for_gpu('c', policy)}) && "
+        f"({_POD_CONTAINERS}).filter(c, !({celpolicy.asks_for_gpu(policy, 'c')}) && "
         f"!(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)}))).map(c, c.name)"
     )
-    sharing = f"({_POD_CONTAINERS}).filter(c, {celpolicy.asks_test('c', _sharing_test(policy))})"
+    sharing = f"({_POD_CONTAINERS}).filter(c, {celpolicy.asks_test('c', _sharing_test(policy), policy=policy)})"
     return [
         *celpolicy.variables(policy),
         {"name": "pointer", "expression": _pointer()},
@@ -629,7 +617,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
     exemptions = celpolicy.match_conditions(policy)
     spec_of = celpolicy.template("object", "spec")
     containers = celpolicy.container_list(f"({spec_of})")
-    gpu = celpolicy.gpu_test(policy, f"({containers})")
+    gpu = celpolicy.gpu_test(policy, f"({containers})", inline=True)
     # The env scan first: most GPU pods name no NVIDIA env, and then the GPU test (the
     # longer one) is never evaluated.
     nvidia = (
@@ -676,7 +664,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
             {"name": "gpushare.io/needs-void", "expression": nvidia},
         ],
         "reinvocationPolicy": "IfNeeded",
-        "variables": [v for v in shared if v["name"] in ("spec", "voided")],
+        "variables": [v for v in shared if v["name"] in ("spec", "containers", "vacant", "voided")],
         "mutations": [
             {
                 "patchType": "ApplyConfiguration",

@@ -12,7 +12,9 @@ condition that catches it:
 
 - GPU requests (every rule that needs one, the mutation, the mode): a resource name of
   the policy, or one with a MIG prefix, in the limits or requests of any container,
-  init container or ephemeral container.
+  init container or ephemeral container, whatever its amount (a container of zero
+  amounts, ``resources.vacant``, is sent and judged as one without a GPU: its other
+  containers may still need the void).
 - raw-visible-devices and the void (any pod): an env entry named ``CUDA_VERSION`` or
   ``NVIDIA_*`` (``NVIDIA_VISIBLE_DEVICES`` is judged, the others get the containers that
   ask for no GPU ``NVIDIA_VISIBLE_DEVICES=void``); an ``envFrom`` with a prefix; with the
