@@ -46,7 +46,13 @@ from webhook.core.policy import Policy
 from webhook.core.resources import read_container
 from webhook.core.review import review_object
 from webhook.dev.cluster import DevCluster, running
-from webhook.install.celpolicy import RULES, rule_expressions, validating_policies
+from webhook.install.celpolicy import (
+    MESSAGES,
+    RULES,
+    message_expressions,
+    rule_expressions,
+    validating_policies,
+)
 from webhook.policies import load_policy
 
 pytestmark = pytest.mark.e2e
@@ -73,6 +79,9 @@ MODES_EXAMPLES: Final = 500
 _RULE_IN_WARNING: Final = re.compile(
     r"ValidatingAdmissionPolicy '[^']*' with binding [^:]*: \[([a-z-]+)\]"
 )
+# The rule whose container the CEL names with a sentence of its own, not the core's: the
+# core's says what each unit allows (CEL names the resource, the core's first word too).
+GENERIC_RULES: Final = frozenset({"invalid-gpu-request"})
 _RULE_IN_MESSAGE: Final = re.compile(
     r"ValidatingAdmissionPolicy '[^']*' with binding [^:]*: \[([a-z-]+)\]"
 )
@@ -852,6 +861,48 @@ def test_each_bypass_is_refused_without_the_webhook(api: Api, ns: str, shape: st
     for kind, obj in (("Pod", pod), ("Deployment", _deployment(pod)), ("CronJob", _cronjob(pod))):
         sent = api.create(kind, ns, obj)
         assert vap_rules(sent) == {rule}, (kind, sent.status, sent.body)
+
+
+_REFUSAL: Final = re.compile(r"ValidatingAdmissionPolicy '[^']*' with binding [^:]*: (\[.*)$", re.S)
+
+
+def core_messages(obj: Any, namespace: str, rule: str) -> set[str]:
+    """The core's redacted messages of ``rule`` on ``obj``, at /mutate and /validate."""
+    facts = Request(kind="Pod", operation="CREATE", namespace=namespace, username="", groups=())
+    found = set()
+    for phase in ("mutate", "validate"):
+        decision = decide(judged_by_cel(obj), facts, POLICY, phase=phase)
+        for violation, text in zip(decision.violations, decision.redacted, strict=True):
+            if violation["rule"] == rule:
+                found.add(f"[{rule}] {text}")
+    return found
+
+
+@pytest.mark.parametrize("shape", sorted(BYPASSES))
+def test_each_refusal_names_the_container_as_the_core_does(api: Api, ns: str, shape: str) -> None:
+    """A refusal by a container rule names the first container that breaks it, and the
+    field, as the core's (redacted) finding does; the others keep their static message."""
+    pod, rule = BYPASSES[shape]
+    sent = api.create("Pod", ns, pod)
+    matched = _REFUSAL.search(str(sent.body.get("message", "")))
+    assert matched, sent.body
+    message = matched.group(1)
+    if rule not in message_expressions(POLICY):
+        assert message == f"[{rule}] {MESSAGES[rule]}"
+        return
+    core = core_messages(pod, ns, rule)
+    label = re.match(r"\[[a-z-]+\] ((?:init |ephemeral )?container \"[^\"]*\"): ", message)
+    if label is None:
+        # Not a container's (a hostPath volume, a host namespace, an annotation).
+        assert message == f"[{rule}] {MESSAGES[rule]}", message
+        assert not any(re.match(r"\[[a-z-]+\] (init |ephemeral )?container ", m) for m in core)
+        return
+    assert any(m.startswith(f"[{rule}] {label.group(1)}: ") for m in core), (message, core)
+    if rule in GENERIC_RULES:
+        field = message.split(": ", 1)[1].split(" ", 1)[0]
+        assert any(m.startswith(f"[{rule}] {label.group(1)}: {field} ") for m in core), core
+    else:
+        assert message in core, (message, core)
 
 
 def _source(kind: str, **fields: Any) -> Obj:
