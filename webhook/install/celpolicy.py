@@ -2066,11 +2066,16 @@ def policy_name(action: Action, *, sources: bool = False) -> str:
 SOURCES_SUFFIX: Final = "-sources"
 # Every name validating_policies can render, whatever the policy: the install's RBAC
 # lets the webhook update and delete these and no other.
-POLICY_NAMES: Final = tuple(
-    policy_name(action, sources=sources)
-    for sources in (False, True)
-    for action in VALIDATION_ACTIONS
+POLICY_NAMES: Final = (
+    *(
+        policy_name(action, sources=sources)
+        for sources in (False, True)
+        for action in VALIDATION_ACTIONS
+    ),
+    f"{NAME_PREFIX}overrides",
 )
+# The policy that warns what the MutatingAdmissionPolicy replaced (_override_policies).
+OVERRIDES_POLICY: Final = POLICY_NAMES[-1]
 
 
 # ------------------------------------------------------------------- written sources
@@ -2231,7 +2236,96 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
             }
         )
     objects.extend(_source_policies(policy, namespace))
+    objects.extend(_override_policies(policy, namespace))
     return objects
+
+
+# ------------------------------------------------------------------- overrides
+
+# Where the MutatingAdmissionPolicy records what it replaced (a memory limit, an SM limit,
+# a switch, an MPS value the pod set): one line each, in the core's redacted words. On
+# 1.36 the apiserver runs the MutatingAdmissionPolicies before the
+# ValidatingAdmissionPolicies (kubernetes/kubernetes pkg/kubeapiserver/options/plugins.go
+# AllOrderedPlugins, lines 114-117 @ 008b3652), and a validation sees only the object
+# after every mutation: ``oldObject`` is null on a create and ``request`` carries no object
+# (k8s.io/apiserver admission/plugin/cel CreateAdmissionRequest). A MutatingAdmissionPolicy
+# has no warnings, but it evaluates its mutations in order on the object as each leaves it
+# (admission/plugin/policy/mutating/dispatcher.go, dispatchInvocations and dispatchOne @
+# 072a6776): its first mutation reads the object as it came and writes this annotation,
+# which the gpushare-overrides policy turns into warnings.
+OVERRIDES_ANNOTATION: Final = "gpushare.io/overridden"
+# One warning per line, as the webhook's; past this many the last names the annotation.
+MAX_OVERRIDE_WARNINGS: Final = 8
+_OVERRIDE_ACTIONS: Final[Mapping[Action, list[str]]] = {
+    "deny": ["Warn"],
+    "warn": ["Warn"],
+    "audit": ["Audit"],
+}
+
+
+def _override_policies(policy: Policy, namespace: str) -> list[Obj]:
+    """The warnings of what the MutatingAdmissionPolicy replaced, as the webhook's (the
+    core warns under limit-tampering, at most: deny and warn warn, audit records, off is
+    silent). Only an object whose annotation this request wrote or changed is evaluated:
+    a pod is mutated when created, a workload again when updated."""
+    action = policy.action("limit-tampering")
+    if action == "off":
+        return []
+    key = literal(OVERRIDES_ANNOTATION)
+    new = "object.metadata"
+    old = "oldObject.metadata"
+    written = (
+        f"has({new}.annotations) && {key} in {new}.annotations && (oldObject == null || "
+        f"!(has({old}.annotations) && {key} in {old}.annotations && "
+        f"{old}.annotations[{key}] == {new}.annotations[{key}]))"
+    )
+    last = MAX_OVERRIDE_WARNINGS - 1
+    more = (
+        f"(size(variables.overrides) > {MAX_OVERRIDE_WARNINGS} ? ' (and ' + "
+        f"string(size(variables.overrides) - {MAX_OVERRIDE_WARNINGS}) + "
+        f"{literal(f' more in annotation {OVERRIDES_ANNOTATION})')} : '')"
+    )
+    validations = [
+        {
+            "expression": f"size(variables.overrides) <= {i}",
+            "messageExpression": f"'[limit-tampering] ' + variables.overrides[{i}]"
+            + (f" + {more}" if i == last else ""),
+            "message": "[limit-tampering] the gpushare mutation replaced a value the pod set; "
+            f"see annotation {OVERRIDES_ANNOTATION}",
+        }
+        for i in range(MAX_OVERRIDE_WARNINGS)
+    ]
+    name = OVERRIDES_POLICY
+    conditions = [
+        *match_conditions(policy),
+        {"name": "gpushare.io/overridden", "expression": written},
+    ]
+    spec: Obj = {
+        "failurePolicy": "Ignore",
+        "matchConstraints": match_constraints(namespace),
+        "matchConditions": conditions,
+        "variables": [
+            {
+                "name": "overrides",
+                "expression": f"object.metadata.annotations[{key}].split('\\n')",
+            }
+        ],
+        "validations": validations,
+    }
+    binding = {
+        "policyName": name,
+        "validationActions": _OVERRIDE_ACTIONS[action],
+        "matchResources": match_constraints(namespace),
+    }
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": kind,
+            "metadata": {"name": name, "labels": dict(LABELS)},
+            "spec": body,
+        }
+        for kind, body in ((POLICY_KIND, spec), (BINDING_KIND, binding))
+    ]
 
 
 # The written objects pods take env and devices from (objects.JUDGED_KINDS).

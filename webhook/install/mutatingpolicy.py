@@ -58,9 +58,9 @@ from webhook.core.injection import (
     Injection,
     injection_for,
 )
-from webhook.core.mutation import VOID
+from webhook.core.mutation import UNREPORTED, VOID
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
-from webhook.core.resources import MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
+from webhook.core.resources import KIND_LABELS, MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
 from webhook.core.whole import REQUIRED
 from webhook.core.workload import KINDS_BY_PATH
 from webhook.install import celpolicy
@@ -81,6 +81,7 @@ VOID_POLICY: Final = "gpushare-void"
 POLICY_NAMES: Final = (MUTATE, VOID_POLICY)
 
 _VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
+_HIDDEN: Final = "\u2026"  # a user's value, as finding.redacted writes it
 _PRIORITY: Final = "^[ \\t\\n\\r\\f\\v]*-?[0-9]{1,9}[ \\t\\n\\r\\f\\v]*$"
 
 
@@ -574,6 +575,83 @@ def _removals(policy: Policy, mode: Mode) -> str:
     return f"(({suspect}) ? ({' + '.join(parts)}) : [])"
 
 
+def _overridden(policy: Policy, mode: Mode) -> str:
+    """What the mutation replaces in a pod (or template) of ``mode``, in the core's
+    redacted words and order (``mutation.Patch.overwritten``): the injected volumes of
+    another source, then per sharing container the last entry of each wanted name with
+    another value (or valueFrom), the stray vGPU limits (from the last), the mounts at
+    the injected paths that differ. Read on the object as it came in: this mutation
+    runs first."""
+    spec = "variables.spec"
+    injection = injection_for(mode, policy)
+    volume_kept = " || ".join(
+        f"(v.name == {literal(v['name'])} && {_same_volume('v', v)})" for v in injection.volumes
+    )
+    names = _list(v["name"] for v in injection.volumes)
+    volumes = (
+        f"(has({spec}.volumes) ? {spec}.volumes : []).filter(v, v.name in {names} && "
+        f"!({volume_kept or 'false'})).map(v, 'pod: volume ' + v.name + "
+        "' replaced by the injected one')"
+    )
+    mount_kept = " || ".join(
+        f"(m.mountPath == {literal(m['mountPath'])} && {_same_mount('m', m)})"
+        for m in injection.mounts
+    )
+    paths = _list(m["mountPath"] for m in injection.mounts)
+    unreported = _list(sorted(UNREPORTED))
+    replaced = (
+        f"variables.wants[c.name].filter(w, !(w['name'] in {unreported})).map(w, "
+        "cel.bind(es, env.filter(e, e.name == w['name']), size(es) == 0 ? '' : "
+        "cel.bind(e, es[size(es) - 1], cel.bind(by, ' replaced by \\\"' + w['value'] + '\\\"', "
+        "has(e.valueFrom) ? label + w['name'] + ' valueFrom' + by : "
+        f"(has(e.value) ? e.value : '') != w['value'] ? label + w['name'] + ' \\\"{_HIDDEN}\\\"' + by "
+        ": '')))).filter(t, t != '')"
+    )
+    stray = (
+        "env.filter(e, (e.name.startsWith('CUDA_DEVICE_MEMORY_LIMIT') || "
+        "e.name.startsWith('CUDA_DEVICE_SM_LIMIT_')) && !variables.wants[c.name].exists(w, "
+        "w['name'] == e.name)).reverse().map(e, label + e.name + "
+        "' removed (limits come from resources)')"
+        if mode == "vgpu"
+        else "[]"
+    )
+    mounts = (
+        f"(has(c.volumeMounts) ? c.volumeMounts : []).filter(m, m.mountPath in {paths} && "
+        f"!({mount_kept or 'false'})).map(m, label + 'mount ' + m.mountPath + "
+        "' replaced by the injected one')"
+    )
+    per_kind = [
+        f"(has({spec}.{kind}) ? {spec}.{kind} : []).filter(c, c.name in variables.wants)"
+        f".map(c, cel.bind(label, {literal(KIND_LABELS[kind] + ' ')} + '\"' + c.name + "
+        "'\": ', cel.bind(env, has(c.env) ? c.env : [], "
+        f"{replaced} + {stray} + {mounts}))).flatten()"
+        for kind in _KINDS
+    ]
+    return " + ".join([volumes, *per_kind])
+
+
+def _record(policy: Policy) -> str:
+    """A JSONPatch that writes what the mutation replaces into the object's own
+    annotation ``celpolicy.OVERRIDES_ANNOTATION`` (one line each), for the warning
+    ValidatingAdmissionPolicy to read: a MutatingAdmissionPolicy has no warnings of its
+    own, and a validation sees only the mutated object. Nothing replaced, nothing
+    written: on a reinvocation the values are ours, and what the first pass wrote stays."""
+    found = _by_mode(
+        {
+            "vgpu": f"(variables.library ? {_overridden(policy, 'vgpu')} : [])",
+            "mps": _overridden(policy, "mps"),
+        },
+        "[]",
+    )
+    key = literal(celpolicy.OVERRIDES_ANNOTATION)
+    return (
+        f"cel.bind(found, {found}, size(found) == 0 ? [] : "
+        "has(object.metadata.annotations) ? [JSONPatch{op: 'add', path: '/metadata/annotations/' "
+        f"+ jsonpatch.escapeKey({key}), value: found.join('\\n')}}] : [JSONPatch{{op: 'add', "
+        f"path: '/metadata/annotations', value: {{{key}: found.join('\\n')}}}}])"
+    )
+
+
 def _node_selector(policy: Policy) -> str:
     """JSONPatch adds of the MPS node selector's missing keys (``mutation._mps_ops``): a
     pod's nodeSelector is an atomic map, which an ApplyConfiguration may not touch. Each
@@ -653,6 +731,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         "reinvocationPolicy": "IfNeeded",
         "variables": shared,
         "mutations": [
+            {"patchType": "JSONPatch", "jsonPatch": {"expression": unbind(_record(policy))}},
             {"patchType": "JSONPatch", "jsonPatch": {"expression": unbind(patch)}},
             {
                 "patchType": "ApplyConfiguration",
