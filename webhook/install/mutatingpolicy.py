@@ -644,11 +644,13 @@ def _record(policy: Policy) -> str:
         "[]",
     )
     key = literal(celpolicy.OVERRIDES_ANNOTATION)
+    # Once each, as the core reports a finding (a name repeated is removed twice).
+    once = "lists.range(size(all)).filter(i, !lists.range(i).exists(j, all[j] == all[i]))"
     return (
-        f"cel.bind(found, {found}, size(found) == 0 ? [] : "
+        f"cel.bind(all, {found}, cel.bind(found, {once}.map(i, all[i]), size(found) == 0 ? [] : "
         "has(object.metadata.annotations) ? [JSONPatch{op: 'add', path: '/metadata/annotations/' "
         f"+ jsonpatch.escapeKey({key}), value: found.join('\\n')}}] : [JSONPatch{{op: 'add', "
-        f"path: '/metadata/annotations', value: {{{key}: found.join('\\n')}}}}])"
+        f"path: '/metadata/annotations', value: {{{key}: found.join('\\n')}}}}]))"
     )
 
 
