@@ -372,8 +372,10 @@ def test_on_1_36_refusals_and_overrides_are_told_without_the_webhook(
                 timeout=60,
                 check=True,
             ).stdout
-            annotations = json.loads(stored)["metadata"]["annotations"]
-            assert annotations[OVERRIDES_ANNOTATION].split("\n") == want
+            metadata = json.loads(stored)["metadata"]
+            assert metadata["annotations"][OVERRIDES_ANNOTATION].split("\n") == want
+            # The label the warning policy's objectSelector asks for.
+            assert metadata["labels"] == {OVERRIDES_ANNOTATION: "true"}
             warned += want
         every = " ".join(warned)
         for kind in (*_REPLACED, "init container", "removed", "volume", "mount", "valueFrom"):

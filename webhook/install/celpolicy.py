@@ -2254,6 +2254,10 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
 # 072a6776): its first mutation reads the object as it came and writes this annotation,
 # which the gpushare-overrides policy turns into warnings.
 OVERRIDES_ANNOTATION: Final = "gpushare.io/overridden"
+# ... and a label of the same key: the policy's objectSelector, which the apiserver
+# matches before any CEL (generic/policy_dispatcher.go Dispatch: DefinitionMatches and
+# BindingMatches, then the evaluator), so a pod without it pays nothing for the policy.
+OVERRIDES_LABEL_VALUE: Final = "true"
 # One warning per line, as the webhook's; past this many the last names the annotation.
 MAX_OVERRIDE_WARNINGS: Final = 8
 _OVERRIDE_ACTIONS: Final[Mapping[Action, list[str]]] = {
@@ -2300,9 +2304,11 @@ def _override_policies(policy: Policy, namespace: str) -> list[Obj]:
         *match_conditions(policy),
         {"name": "gpushare.io/overridden", "expression": written},
     ]
+    constraints = match_constraints(namespace)
+    constraints["objectSelector"] = {"matchLabels": {OVERRIDES_ANNOTATION: OVERRIDES_LABEL_VALUE}}
     spec: Obj = {
         "failurePolicy": "Ignore",
-        "matchConstraints": match_constraints(namespace),
+        "matchConstraints": constraints,
         "matchConditions": conditions,
         "variables": [
             {
@@ -2315,7 +2321,7 @@ def _override_policies(policy: Policy, namespace: str) -> list[Obj]:
     binding = {
         "policyName": name,
         "validationActions": _OVERRIDE_ACTIONS[action],
-        "matchResources": match_constraints(namespace),
+        "matchResources": constraints,
     }
     return [
         {

@@ -630,12 +630,24 @@ def _overridden(policy: Policy, mode: Mode) -> str:
     return " + ".join([volumes, *per_kind])
 
 
+def _set(field: str, key: str, value: str) -> str:
+    """A JSONPatch op that sets ``key`` of the object's ``metadata.<field>`` to ``value``
+    (a map of strings where it has none: no Object{} initializer, kubernetes#142181)."""
+    return (
+        f"has(object.metadata.{field}) ? JSONPatch{{op: 'add', path: '/metadata/{field}/' + "
+        f"jsonpatch.escapeKey({key}), value: {value}}} : JSONPatch{{op: 'add', "
+        f"path: '/metadata/{field}', value: {{{key}: {value}}}}}"
+    )
+
+
 def _record(policy: Policy) -> str:
     """A JSONPatch that writes what the mutation replaces into the object's own
     annotation ``celpolicy.OVERRIDES_ANNOTATION`` (one line each), for the warning
-    ValidatingAdmissionPolicy to read: a MutatingAdmissionPolicy has no warnings of its
-    own, and a validation sees only the mutated object. Nothing replaced, nothing
-    written: on a reinvocation the values are ours, and what the first pass wrote stays."""
+    ValidatingAdmissionPolicy to read, and the label of the same key, which that
+    policy's objectSelector asks for: an object without it costs no CEL there. A
+    MutatingAdmissionPolicy has no warnings of its own, and a validation sees only the
+    mutated object. Nothing replaced, nothing written: on a reinvocation the values are
+    ours, and what the first pass wrote stays."""
     found = _by_mode(
         {
             "vgpu": f"(variables.library ? {_overridden(policy, 'vgpu')} : [])",
@@ -646,11 +658,11 @@ def _record(policy: Policy) -> str:
     key = literal(celpolicy.OVERRIDES_ANNOTATION)
     # Once each, as the core reports a finding (a name repeated is removed twice).
     once = "lists.range(size(all)).filter(i, !lists.range(i).exists(j, all[j] == all[i]))"
+    annotation = _set("annotations", key, "found.join('\\n')")
+    label = _set("labels", key, literal(celpolicy.OVERRIDES_LABEL_VALUE))
     return (
-        f"cel.bind(all, {found}, cel.bind(found, {once}.map(i, all[i]), size(found) == 0 ? [] : "
-        "has(object.metadata.annotations) ? [JSONPatch{op: 'add', path: '/metadata/annotations/' "
-        f"+ jsonpatch.escapeKey({key}), value: found.join('\\n')}}] : [JSONPatch{{op: 'add', "
-        f"path: '/metadata/annotations', value: {{{key}: found.join('\\n')}}}}]))"
+        f"cel.bind(all, {found}, cel.bind(found, {once}.map(i, all[i]), "
+        f"size(found) == 0 ? [] : [{annotation}, {label}]))"
     )
 
 
