@@ -380,6 +380,36 @@ def test_on_1_36_refusals_and_overrides_are_told_without_the_webhook(
         every = " ".join(warned)
         for kind in (*_REPLACED, "init container", "removed", "volume", "mount", "valueFrom"):
             assert kind in every, kind
+        # A large pod stays within the CEL cost limits (gpushare-mutate fails closed):
+        # 40 sharing containers of 200 env entries, each with its limit set by hand.
+        big = _pod(
+            "big",
+            *[
+                _container(
+                    f"c{i}",
+                    {"nvidia.com/gpumem": "2000"},
+                    [{"name": f"E{j}", "value": "v"} for j in range(200)]
+                    + _env(CUDA_DEVICE_MEMORY_LIMIT_0="99999m"),
+                )
+                for i in range(40)
+            ],
+        )
+        created = create(big)
+        assert created.returncode == 0, created.stderr[-2000:]
+        lines = _WARNING.findall(created.stderr)
+        assert lines[0] == 'container "c0": CUDA_DEVICE_MEMORY_LIMIT_0 "\u2026" replaced by "2000m"'
+        assert len(lines) == 8 and lines[-1].endswith(
+            f"(and 32 more in annotation {OVERRIDES_ANNOTATION})"
+        ), lines
+        # The refusal of a large pod names its container too.
+        big["metadata"]["name"] = "big-visible"
+        big["spec"]["containers"][-1]["env"].append(
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}
+        )
+        refused = create(big)
+        assert '[raw-visible-devices] container "c39": NVIDIA_VISIBLE_DEVICES=' in refused.stderr, (
+            refused.stderr[-2000:]
+        )
         # A pod that sets nothing the mutation replaces is not warned.
         quiet = create(_pod("quiet", _container("app", {"nvidia.com/gpumem": "2000"}, [])))
         assert quiet.returncode == 0 and "Warning" not in quiet.stderr, quiet.stderr
