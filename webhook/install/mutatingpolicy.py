@@ -563,16 +563,26 @@ def _removals(policy: Policy, mode: Mode) -> str:
         f"v.name in {_list(names)} && !({volume_kept})))"
         f"{_remove('variables.pointer + ' + literal('/volumes/'))})"
     )
-    # Each mutation is evaluated on its own (``variables.wants`` again), and most pods
-    # hold nothing to remove: a scan of names and paths first skips that work.
+    return f"(({_suspect(policy, mode)}) ? ({' + '.join(parts)}) : [])"
+
+
+def _suspect(policy: Policy, mode: Mode) -> str:
+    """Some container sets a name the mutation sets in ``mode`` or mounts at one of its
+    paths, or the pod has a volume of one of its names: else there is nothing to remove
+    nor to report replaced. Each mutation is evaluated on its own (``variables.wants``
+    again), and most pods hold nothing of the kind: a scan of names and paths first
+    skips that work."""
+    spec = "variables.spec"
+    injection = injection_for(mode, policy)
+    paths = [m["mountPath"] for m in injection.mounts]
+    names = [v["name"] for v in injection.volumes]
     containers = f"({_POD_CONTAINERS})"
-    suspect = (
+    return (
         f"{containers}.exists(c, (has(c.env) && c.env.exists(e, e.name.startsWith('CUDA_') || "
         f"e.name in {_list(_SET_OUTSIDE_CUDA)})) || (has(c.volumeMounts) && "
         f"c.volumeMounts.exists(m, m.mountPath in {_list(paths)}))) || "
         f"(has({spec}.volumes) && {spec}.volumes.exists(v, v.name in {_list(names)}))"
     )
-    return f"(({suspect}) ? ({' + '.join(parts)}) : [])"
 
 
 def _overridden(policy: Policy, mode: Mode) -> str:
@@ -650,8 +660,9 @@ def _record(policy: Policy) -> str:
     ours, and what the first pass wrote stays."""
     found = _by_mode(
         {
-            "vgpu": f"(variables.library ? {_overridden(policy, 'vgpu')} : [])",
-            "mps": _overridden(policy, "mps"),
+            "vgpu": f"(variables.library && ({_suspect(policy, 'vgpu')}) ? "
+            f"{_overridden(policy, 'vgpu')} : [])",
+            "mps": f"(({_suspect(policy, 'mps')}) ? {_overridden(policy, 'mps')} : [])",
         },
         "[]",
     )
@@ -731,13 +742,14 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         )
         nvidia = f"({runtime}) || {nvidia}"
     nvidia = f"({nvidia}) && !({gpu})"
-    patch = _by_mode(
+    removals = _by_mode(
         {
             "vgpu": f"(variables.library ? {_removals(policy, 'vgpu')} : [])",
             "mps": f"{_removals(policy, 'mps')} + {_node_selector(policy)}",
         },
         _pool_ops(policy),
     )
+    patch = removals
     mutate: Obj = {
         "failurePolicy": "Fail",
         "matchConstraints": constraints,
@@ -745,6 +757,9 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         "reinvocationPolicy": "IfNeeded",
         "variables": shared,
         "mutations": [
+            # What the others replace, read on the object as it came: a mutation of its
+            # own, as each has its own cost budget (a large pod's removals take much of
+            # theirs); it scans names first, as the removals do.
             {"patchType": "JSONPatch", "jsonPatch": {"expression": unbind(_record(policy))}},
             {"patchType": "JSONPatch", "jsonPatch": {"expression": unbind(patch)}},
             {
