@@ -12,8 +12,11 @@ off is not rendered), and each rule of that action is one of the policy's
 object to unstructured once per policy and filter (matchConditions, then validations):
 seven policies converted every pod about fourteen times, which cost each pod create
 ~2 ms. Each validation's message starts with the rule id in brackets, as the webhook's
-denials do (``[privileged-gpu] ...``). A Deny names only the first failing validation
-(in :data:`RULES` order); Warn sends one warning per failing validation.
+denials do (``[privileged-gpu] ...``); a container rule's ``messageExpression`` then names
+the first container that breaks it and the field, in the core's redacted words
+(:func:`message_expressions`). A Deny names only the first failing validation (in
+:data:`RULES` order); Warn sends one warning per failing validation. ``gpushare-overrides``
+warns what the MutatingAdmissionPolicy replaced (:func:`_override_policies`).
 
 Rendered (each equals the decision core's verdict on the objects the apiserver admits;
 tests/e2e/test_celpolicy.py compares the two on generated objects):
@@ -2250,13 +2253,15 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
 # after every mutation: ``oldObject`` is null on a create and ``request`` carries no object
 # (k8s.io/apiserver admission/plugin/cel CreateAdmissionRequest). A MutatingAdmissionPolicy
 # has no warnings, but it evaluates its mutations in order on the object as each leaves it
-# (admission/plugin/policy/mutating/dispatcher.go, dispatchInvocations and dispatchOne @
-# 072a6776): its first mutation reads the object as it came and writes this annotation,
-# which the gpushare-overrides policy turns into warnings.
+# (staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/mutating/dispatcher.go:181-193
+# @ 072a6776, each through dispatchOne, which ends in versionedAttributes.UpdateObject):
+# its first mutation reads the object as it came and writes this annotation, which the
+# gpushare-overrides policy turns into warnings.
 OVERRIDES_ANNOTATION: Final = "gpushare.io/overridden"
 # ... and a label of the same key: the policy's objectSelector, which the apiserver
-# matches before any CEL (generic/policy_dispatcher.go Dispatch: DefinitionMatches and
-# BindingMatches, then the evaluator), so a pod without it pays nothing for the policy.
+# matches before any CEL (admission/plugin/policy/generic/policy_dispatcher.go @ 072a6776,
+# Dispatch: DefinitionMatches and BindingMatches, then the evaluator), so a pod without it
+# pays nothing for the policy.
 OVERRIDES_LABEL_VALUE: Final = "true"
 # One warning per line, as the webhook's; past this many the last names the annotation.
 MAX_OVERRIDE_WARNINGS: Final = 8

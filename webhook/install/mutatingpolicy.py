@@ -28,7 +28,11 @@ Patch types, per field:
   mutating webhook did in between (reinvocationPolicy IfNeeded). It cannot remove a
   list entry, nor replace a field it does not set (an entry's ``valueFrom``, a mount's
   ``subPath``): merged into such an entry, the pod would carry both and be refused.
-- So a JSONPatch runs first and removes, by index from the last, only what the
+- First a JSONPatch records what the others will replace (a user's limit, switch, MPS
+  value, mount or volume), read on the object as it came, in the annotation and label
+  ``gpushare.io/overridden``, for the ``gpushare-overrides`` ValidatingAdmissionPolicy
+  to warn (:func:`_record`): a MutatingAdmissionPolicy has no warnings of its own.
+- Then a JSONPatch removes, by index from the last, only what the
   apply cannot fix: an env entry of a wanted name that takes ``valueFrom`` or that a
   later entry of the same name repeats, a stray vGPU limit variable, a mount at one of
   the injected mountPaths that differs from the injected one, a volume of an injected
