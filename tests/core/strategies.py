@@ -225,7 +225,7 @@ ENV_NAMES: Final = tuple(_ENV_VALUES)
 _CHANNEL_VALUES: Final[Mapping[str, Sequence[str]]] = {
     "NVIDIA_DRIVER_CAPABILITIES": ("compute,utility", " video", "graphics", "all", "compute,,"),
     "NVIDIA_GDS": ("enabled", "disabled"),
-    "NVIDIA_IMEX_CHANNELS": ("0", "all", "channelall"),
+    "NVIDIA_IMEX_CHANNELS": ("0", "all", "channelall", "1, channel2", "0,all"),
     "NVIDIA_REQUIRE_JETPACK": ("csv-mounts=all",),
     "NVIDIA_REQUIRE_CUDA": ("cuda>=12.0",),
     "NVIDIA_API_KEY": ("nvapi-x",),
@@ -235,6 +235,8 @@ _CHANNEL_VALUES: Final[Mapping[str, Sequence[str]]] = {
     "LIBCUDA_LOG_LEVEL": ("4",),
     "CUDA_MPS_CLIENT_PRIORITY": ("0", "1", "2"),
     "CUDA_MPS_LOG_DIRECTORY": ("/tmp",),
+    "CUDA_MPS_PIPE_DIRECTORY": ("/tmp/nvidia-mps",),
+    "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": ("100",),
 }
 # Names drawn more often: the ones the webhook reads, writes or forbids.
 _WEIGHTED_NAMES: Final = (
@@ -337,14 +339,16 @@ INJECTED_VOLUMES: Final[tuple[Obj, ...]] = (
     },
     {
         "name": "gpushare-mps-pipe",
-        "hostPath": {"path": "/tmp/nvidia-mps", "type": "DirectoryOrCreate"},
+        "hostPath": {"path": "/tmp/nvidia-mps", "type": "Directory"},
     },
+    {"name": "gpushare-vgpu-override-env", "emptyDir": {}},
 )
 INJECTED_NAMES: Final = (
     "gpushare-vgpu-lib",
     "gpushare-vgpu-lock",
     "gpushare-vgpu-preload",
     "gpushare-mps-pipe",
+    "gpushare-vgpu-override-env",
 )
 MOUNT_PATHS: Final = (
     "/data",
@@ -918,6 +922,7 @@ _INJECTED_MOUNT_PATHS: Final = (
     "/etc/ld.so.preload",
     "/tmp/nvidia-mps",
     "/tmp/vgpulock",
+    "/overrideEnv",
     "/hook",
     "/opt/lib/libvgpu.so",
 )

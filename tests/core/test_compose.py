@@ -32,6 +32,7 @@ from tests.core.test_bypass import (
     workload,
 )
 from webhook.core.decision import Request, decide
+from webhook.core.injection import OVERRIDE_ENV_FILE, VOLUME_OVERRIDE_ENV
 from webhook.policies import DEFAULT_POLICY
 
 Obj = dict[str, Any]
@@ -76,7 +77,11 @@ def test_the_mutation_leaves_the_region_where_hamis_monitor_reads_it(
         path = posixpath.normpath(item["mountPath"])
         if path == REGION_DIR or path.startswith(REGION_DIR + "/"):
             assert path == f"{REGION_DIR}/libvgpu.so" and item.get("readOnly") is True, item
-    assert all(v.get("emptyDir") is None for v in final["spec"].get("volumes", [])), final
+    # The one emptyDir is the pin of HAMi-core's /overrideEnv, mounted there read-only.
+    empty = [v["name"] for v in final["spec"].get("volumes", []) if "emptyDir" in v]
+    assert empty == [VOLUME_OVERRIDE_ENV], final
+    at = [m for m in final["spec"]["containers"][0]["volumeMounts"] if m["name"] in empty]
+    assert at == [{"name": VOLUME_OVERRIDE_ENV, "mountPath": OVERRIDE_ENV_FILE, "readOnly": True}]
 
 
 REFUSED_REGIONS: Final[dict[str, Obj]] = {

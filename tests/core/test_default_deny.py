@@ -44,7 +44,9 @@ from tests.core.test_bypass import (
     workload,
 )
 from webhook.core.decision import Request, decide
+from webhook.core.injection import OVERRIDE_ENV_FILE, VOLUME_OVERRIDE_ENV, injection_for
 from webhook.core.policy import Policy
+from webhook.core.review import ReviewEntry
 from webhook.policies import DEFAULT_POLICY
 
 Obj = dict[str, Any]
@@ -105,10 +107,15 @@ SHADOWING_PATHS: Final = (
 def test_a_mount_where_the_gpu_stack_reads_is_refused(path: str, gpu_pod: bool) -> None:
     main = gpu if gpu_pod else functools.partial(container, "app")
     obj = pod(main(mounts=[mount("mine", path)]), volumes=[{"name": "mine", "emptyDir": {}}])
-    verdict = review(obj)
-    if gpu_pod and path in INJECTED_PATHS:
-        # In a slice the mutation mounts its own there instead (by mountPath, as the
-        # MutatingAdmissionPolicy's apply does), with a warning: nothing of the tenant's stays.
+    assert_shadow_undone(review(obj), path, in_slice=gpu_pod)
+
+
+def assert_shadow_undone(verdict: ReviewEntry, path: str, *, in_slice: bool) -> None:
+    """A tenant's mount at ``path`` in the first container (a slice if ``in_slice``) is
+    refused, or, at a path where the mutation mounts its own in a slice, replaced by it
+    (by mountPath, as the MutatingAdmissionPolicy's apply does), with a warning: nothing
+    of the tenant's stays."""
+    if in_slice and path in INJECTED_PATHS:
         assert verdict["allowed"], verdict["violations"]
         mounts = verdict["object"]["spec"]["containers"][0]["volumeMounts"]
         assert all(m["name"] != "mine" for m in mounts if m["mountPath"] == path)
@@ -117,7 +124,9 @@ def test_a_mount_where_the_gpu_stack_reads_is_refused(path: str, gpu_pod: bool) 
 
 
 # Where the default policy's vgpu mutation mounts its own volumes.
-INJECTED_PATHS: Final = frozenset({"/usr/local/vgpu/libvgpu.so", "/tmp/vgpulock"})
+INJECTED_PATHS: Final = frozenset(
+    m["mountPath"] for m in injection_for("vgpu", DEFAULT_POLICY).mounts
+)
 
 
 # Every source a volume can have: the files come from the tenant either way.
@@ -186,7 +195,7 @@ def test_every_volume_source_is_refused_at_a_read_path(
     extra = {} if sub_path is None else {sub_path: "ld.so.preload"}
     volume = {"name": "mine", **VOLUME_SOURCES[source]}
     obj = pod(gpu(mounts=[mount("mine", path, read_only=True, **extra)]), volumes=[volume])
-    assert_refused(review(obj), "host-device-access")
+    assert_shadow_undone(review(obj), path, in_slice=True)
 
 
 CONTAINER_SHAPES: Final = ("containers", "second-container", "initContainers", "sidecar")
@@ -205,7 +214,7 @@ def test_every_container_kind_is_refused_at_a_read_path(where: str, path: str) -
         obj = pod(gpu(), init=[container("setup", mounts=shadow)], volumes=volumes)
     else:
         obj = pod(gpu(), init=[sidecar(mounts=shadow)], volumes=volumes)
-    assert_refused(review(obj), "host-device-access")
+    assert_shadow_undone(review(obj), path, in_slice=where == "containers")
 
 
 @pytest.mark.parametrize("path", ["/etc/ld.so.preload", "/overrideEnv", "/usr/local/vgpu"])
@@ -645,39 +654,61 @@ def test_the_namespace_rule_still_holds_beside_the_config_rule() -> None:
     assert_refused(judge(claim([], namespace="ml"), DEFAULT_POLICY), "gpu-claim")
 
 
-def test_a_read_path_the_injection_declares_is_the_mutations(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """What the mutation injects at a read path (a read-only mount over /overrideEnv, say)
-    is judged by ``Injection``, not by a list of its own: admitted as injected, refused
-    spelled apart or writable."""
-    import dataclasses
-
-    from webhook.core import decision, injection
-
-    def with_override(mode: Any, policy: Policy) -> injection.Injection:
-        base = injection.injection_for(mode, policy)
-        if mode != "vgpu":
-            return base
-        return dataclasses.replace(
-            base,
-            volumes=(*base.volumes, {"name": "gpushare-override-env", "emptyDir": {}}),
-            mounts=(
-                *base.mounts,
-                {"name": "gpushare-override-env", "mountPath": "/overrideEnv", "readOnly": True},
-            ),
-        )
-
-    monkeypatch.setattr(decision, "injection_for", with_override)
+def test_hami_cores_override_file_is_pinned_by_the_mutation() -> None:
+    """An image that ships /overrideEnv would rewrite the limits at NVML init (HAMi-core
+    src/nvml/hook.c:307): each vGPU slice gets an empty directory mounted read-only there
+    (fopen opens it, fgets reads no line). The mount is judged by ``Injection``, not by a
+    list of its own: admitted as injected, refused writable or spelled apart."""
     entry = review(pod(gpu()))
     assert_clean(entry)
-    mounts = entry["object"]["spec"]["containers"][0]["volumeMounts"]
-    assert {
-        "name": "gpushare-override-env",
-        "mountPath": "/overrideEnv",
-        "readOnly": True,
-    } in mounts
-    writable = pod(
-        gpu(), container("side", mounts=[mount("gpushare-override-env", "/overrideEnv")])
+    final = entry["object"]["spec"]
+    pin = {"name": VOLUME_OVERRIDE_ENV, "mountPath": OVERRIDE_ENV_FILE, "readOnly": True}
+    assert pin in final["containers"][0]["volumeMounts"]
+    assert {"name": VOLUME_OVERRIDE_ENV, "emptyDir": {}} in final["volumes"]
+    for side in (
+        container("side", mounts=[mount(VOLUME_OVERRIDE_ENV, OVERRIDE_ENV_FILE)]),
+        container("side", mounts=[mount(VOLUME_OVERRIDE_ENV, "/elsewhere")]),
+    ):
+        assert_refused(review(pod(gpu(), side)), "host-device-access")
+    # Under its name, another source is no pin: the tenant's files would be read.
+    spelled = pod(
+        gpu(mounts=[mount(VOLUME_OVERRIDE_ENV, OVERRIDE_ENV_FILE, read_only=True)]),
+        volumes=[{"name": VOLUME_OVERRIDE_ENV, "configMap": {"name": "env"}}],
     )
-    assert_refused(review(writable), "host-device-access")
+    verdict = review(spelled)
+    if verdict["allowed"]:
+        # Replaced by the mutation's own volume of that name, as with the library's.
+        volumes = verdict["object"]["spec"]["volumes"]
+        assert {"name": VOLUME_OVERRIDE_ENV, "emptyDir": {}} in volumes, volumes
+        assert all("configMap" not in v for v in volumes), volumes
+    else:
+        assert_refused(verdict, "host-device-access")
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/etc/ld.so.preload",
+        "/usr/local/vgpu/libvgpu.so",
+        "/overrideEnv",
+        "/var/run/nvidia-container-devices/all",
+        "/x/../etc/ld.so.preload",
+    ],
+)
+@pytest.mark.parametrize(
+    "gpu_pod", [pytest.param(True, id="gpu-pod"), pytest.param(False, id="plain-pod")]
+)
+def test_a_block_device_where_the_gpu_stack_reads_is_refused(path: str, gpu_pod: bool) -> None:
+    # A Block PVC's volumeDevices: runc makes (or, in a user namespace, bind-mounts) the
+    # device node at devicePath, over the preload list or the library.
+    main = gpu if gpu_pod else functools.partial(container, "app")
+    device = {"name": "disk", "devicePath": path}
+    claim = {"name": "disk", "persistentVolumeClaim": {"claimName": "raw"}}
+    obj = pod(main(volumeDevices=[device]), volumes=[claim])
+    assert_refused(review(obj), "host-device-access")
+
+
+def test_a_block_device_elsewhere_is_admitted() -> None:
+    device = {"name": "disk", "devicePath": "/dev/xvdb"}
+    claim = {"name": "disk", "persistentVolumeClaim": {"claimName": "raw"}}
+    assert review(pod(gpu(volumeDevices=[device]), volumes=[claim]))["allowed"]

@@ -9,6 +9,8 @@ it (both webhooks on a CREATE); controls are what real workloads set.
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any, Final
 
 import pytest
@@ -18,14 +20,18 @@ from tests.core.test_bypass import (
     assert_refused,
     container,
     env_of,
+    file_preload,
     gpu,
     pod,
     policy_with,
     review,
     sidecar,
+    stored,
 )
 from tests.core.test_threats import config_map
 from webhook.core.env import channel_of
+from webhook.core.injection import LIBRARY_PATH
+from webhook.core.policy import PolicyError
 
 Obj = dict[str, Any]
 
@@ -75,13 +81,45 @@ def test_gated_modifiers_in_whole_gpu_containers_are_admitted(name: str) -> None
     assert review(in_whole(env(name, "enabled")))["allowed"]
 
 
-@pytest.mark.parametrize("where", [in_slice, in_plain, in_whole])
-@pytest.mark.parametrize("value", ["0,1", "channelall"])
-def test_imex_channels_by_env_are_refused(where: Any, value: str) -> None:
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        *((w, v) for w in (in_slice, in_plain) for v in ("0", "0,1", "channelall")),
+        *((in_whole, v) for v in ("all", "channelall", "0,all", "1, channelall", "0x1", "-1")),
+        # A list names as many channels as it likes (every one, without "all"); another
+        # number is a channel no device plugin handed out.
+        *((in_whole, v) for v in ("0,1", "channel0,channel1", "7", "channel7", " 0")),
+    ],
+)
+def test_imex_channels_beyond_numbered_ones_of_whole_gpus_are_refused(
+    where: Any, value: str
+) -> None:
     # cuda_image.go ImexChannelRequests: the channels become CDI devices mode=imex,id=N,
     # and pkg/nvcdi/lib-imex.go expands "channelall" to every channel of the node: the
-    # boundary between tenants' NVLink memory. ComputeDomain claims hand out one's own.
+    # boundary between tenants' NVLink memory.
     assert_refused(review(where(env("NVIDIA_IMEX_CHANNELS", value))), "raw-visible-devices")
+
+
+@pytest.mark.parametrize("value", ["0", "channel0"])
+def test_imex_channel_zero_of_whole_gpus_is_admitted(value: str) -> None:
+    # GB200 multi-node NVLink jobs that own their GPUs: channel 0 is the one NVIDIA's
+    # device plugin hands out (k8s-device-plugin api/config/v1/imex.go); lib-imex.go
+    # getChannelIDs drops a "channel" prefix.
+    assert review(in_whole(env("NVIDIA_IMEX_CHANNELS", value)))["allowed"]
+
+
+def test_a_policy_opens_numbered_imex_channels_with_an_item_pattern() -> None:
+    policy = policy_with(
+        "  env:\n    allowed:\n"
+        '      - {name: NVIDIA_IMEX_CHANNELS, itemPattern: "(channel)?[0-9]+", '
+        "containers: [whole]}\n"
+    )
+    for value in ("3", "channel3, 4"):
+        verdict = review(in_whole(env("NVIDIA_IMEX_CHANNELS", value)), policy)
+        assert verdict["allowed"], (value, verdict["violations"])
+    for value in ("channelall", "3,all"):
+        verdict = review(in_whole(env("NVIDIA_IMEX_CHANNELS", value)), policy)
+        assert_refused(verdict, "raw-visible-devices")
 
 
 def test_a_slice_made_a_legacy_image_by_its_env_is_refused() -> None:
@@ -220,6 +258,47 @@ def test_an_allowance_for_an_unguarded_name_is_a_policy_error() -> None:
         policy_with("  env:\n    allowed:\n      - {name: NVIDA_GDS}\n")
 
 
+@pytest.mark.parametrize(
+    ("pattern", "reason"),
+    [
+        ("[0-9", "not a regular expression"),
+        (".*", "'.' is not allowed"),
+        ("[^a]+", "'^' is not allowed"),
+        ("a,b", "',' is not allowed"),
+        ("a b", "' ' is not allowed"),
+        (r"\d+", "only \\. and \\- may be escaped"),
+        ("(?=a)a", "only (?: groups"),
+        ("(?i)a", "only (?: groups"),
+    ],
+)
+def test_an_item_pattern_core_and_cel_could_read_apart_is_a_policy_error(
+    pattern: str, reason: str
+) -> None:
+    # The in-apiserver policies match one RE2 expression over the whole comma list: a
+    # pattern that matches a comma, a blank or a tab, or reads differently in RE2, would
+    # judge a value otherwise than the core's split.
+    with pytest.raises(PolicyError, match=re.escape(reason)):
+        policy_with(
+            "  env:\n    allowed:\n"
+            f"      - {{name: NVIDIA_IMEX_CHANNELS, itemPattern: {json.dumps(pattern)}}}\n"
+        )
+
+
+def test_an_item_pattern_opens_items_beside_listed_ones() -> None:
+    policy = policy_with(
+        "  env:\n    allowed:\n"
+        "      - name: NVIDIA_DRIVER_CAPABILITIES\n"
+        "        items: [compute]\n"
+        '        itemPattern: "util(ity)?|vid{1,2}eo"\n'
+    )
+    for value in ("compute, utility", "util,compute", "viddeo"):
+        verdict = review(in_slice(env("NVIDIA_DRIVER_CAPABILITIES", value)), policy)
+        assert verdict["allowed"], (value, verdict["violations"])
+    for value in ("compute,graphics", "utilities", "compute,util ity"):
+        verdict = review(in_slice(env("NVIDIA_DRIVER_CAPABILITIES", value)), policy)
+        assert_refused(verdict, "raw-visible-devices")
+
+
 def test_channels() -> None:
     assert channel_of("NVIDIA_GDS") == "devices"
     assert channel_of("DOCKER_RESOURCE_GPU") == "devices"
@@ -308,3 +387,65 @@ def test_a_gate_the_policy_opens_for_slices_is_not_pinned() -> None:
     final = env_of(review(in_slice(), policy)["object"])
     assert "NVIDIA_GDS" not in final
     assert final["NVIDIA_MOFED"] == "disabled"
+
+
+# ------------------------------------------------------------------ the MPS client's settings
+
+
+MPS_SETTINGS_SET: Final = (
+    ("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
+    ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100"),
+    ("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "0=80G"),
+)
+
+
+@pytest.mark.parametrize(("name", "value"), MPS_SETTINGS_SET)
+@pytest.mark.parametrize("where", [in_slice, in_whole])
+def test_mps_client_settings_where_no_mps_slice_is_are_refused(
+    where: Any, name: str, value: str
+) -> None:
+    # The toolkit mounts the host's /tmp/nvidia-mps into every GPU container where it
+    # exists (internal/discover/ipc.go): a vGPU slice that points CUDA at it becomes a
+    # client of the node's daemon, whose server process owns its allocations; a whole GPU
+    # that another stack's MPS daemon shares leaves its limits by pointing elsewhere.
+    assert_refused(review(where(env(name, value))), "limit-tampering")
+
+
+@pytest.mark.parametrize(("name", "value"), MPS_SETTINGS_SET)
+def test_mps_client_settings_of_an_mps_slice_are_overwritten(name: str, value: str) -> None:
+    mps = pod(
+        container("main", limits=MPS_SLICE, env=[env(name, value)]),
+        annotations={"gpushare.io/mode": "mps"},
+    )
+    verdict = review(mps)
+    assert verdict["allowed"], verdict["violations"]
+    assert verdict["mode"] == "mps"
+
+
+# ------------------------------------------------------------------ LD_PRELOAD
+
+
+@pytest.mark.parametrize(
+    ("user", "stored_value"),
+    [
+        ("/app/libmyhook.so", f"{LIBRARY_PATH}:/app/libmyhook.so"),
+        (f"/app/a.so {LIBRARY_PATH}", f"{LIBRARY_PATH}:/app/a.so"),
+        ("", LIBRARY_PATH),
+    ],
+)
+def test_with_the_preload_as_a_file_a_users_ld_preload_comes_after_libvgpu(
+    user: str, stored_value: str
+) -> None:
+    # glibc loads LD_PRELOAD's objects before /etc/ld.so.preload's (elf/rtld.c dl_main):
+    # a library that defines cuMemAlloc_v2 or dlsym would be found before HAMi-core's.
+    obj = stored(pod(gpu(env=[env("LD_PRELOAD", user)])), file_preload())
+    assert env_of(obj)["LD_PRELOAD"] == stored_value
+
+
+def test_with_the_preload_as_a_file_no_ld_preload_is_added() -> None:
+    obj = stored(pod(gpu()), file_preload())
+    assert "LD_PRELOAD" not in env_of(obj)
+    # A ConfigMap's value is replaced by ours: it cannot be merged before the kubelet reads it.
+    source = env("LD_PRELOAD", configMapKeyRef={"name": "libs", "key": "preload"})
+    obj = stored(pod(gpu(env=[source])), file_preload())
+    assert env_of(obj)["LD_PRELOAD"] == LIBRARY_PATH

@@ -53,7 +53,7 @@ policies: Final = st.sampled_from(sorted(POLICIES)).map(lambda name: POLICIES[na
 
 LIBRARY: Final = "/usr/local/vgpu/libvgpu.so"
 INJECTED_MOUNT_PATHS: Final = frozenset(
-    {LIBRARY, "/tmp/vgpulock", "/etc/ld.so.preload", "/tmp/nvidia-mps"}
+    {LIBRARY, "/tmp/vgpulock", "/etc/ld.so.preload", "/tmp/nvidia-mps", "/overrideEnv"}
 )
 # Env vars the mutation owns (sets, replaces or removes); everything else is the user's.
 OWNED_ENV: Final = re.compile(

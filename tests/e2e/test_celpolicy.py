@@ -170,9 +170,7 @@ def vap_rules(sent: Sent) -> set[str]:
 
 
 def judged_by_cel(obj: Any, policy: Policy = POLICY) -> Any:
-    """``obj`` with what the CEL rules leave to the webhook made moot: a mountPath with a
-    ``..`` segment (CEL cannot resolve it; the apiserver refuses it in a hostPath only)
-    moved to a path no rule watches (the mount's name and readOnly stay judged); in a
+    """``obj`` with what the CEL rules leave to the webhook made moot: in a
     container asking for memory as a percentage, its per-GPU memory limits dropped (only
     the cluster view knows their values: unmutated-gpu-pod neither wants nor refuses them)."""
     obj = copy.deepcopy(obj)
@@ -180,11 +178,6 @@ def judged_by_cel(obj: Any, policy: Policy = POLICY) -> Any:
     while stack:
         node = stack.pop()
         if isinstance(node, dict):
-            mounts = node.get("volumeMounts")
-            for index, mount in enumerate(mounts if isinstance(mounts, list) else ()):
-                target = mount.get("mountPath") if isinstance(mount, dict) else None
-                if isinstance(target, str) and ".." in target.split("/"):
-                    mount["mountPath"] = f"/unjudged-{index}"
             _drop_percentage_limits(node, policy)
             stack.extend(node.values())
         elif isinstance(node, list):
@@ -585,6 +578,17 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         ),
         "raw-visible-devices",
     ),
+    "imex-numbered-and-all-in-whole": (
+        _pod(
+            "p",
+            _c(
+                gpu=False,
+                resources={"limits": {"nvidia.com/gpu": "1"}},
+                env=_env(("NVIDIA_IMEX_CHANNELS", "0,all")),
+            ),
+        ),
+        "raw-visible-devices",
+    ),
     "legacy-slice": (
         _pod("p", _c(env=_env(("CUDA_VERSION", "12.4"), ("NVIDIA_REQUIRE_CUDA", "")))),
         "raw-visible-devices",
@@ -604,6 +608,38 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
     "mps-client-priority": (
         _pod("p", _c(env=_env(("CUDA_MPS_CLIENT_PRIORITY", "5")))),
         "limit-tampering",
+    ),
+    "mps-pipe-in-vgpu-slice": (
+        _pod("p", _c(env=_env(("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")))),
+        "limit-tampering",
+    ),
+    "mps-threads-in-whole": (
+        _pod(
+            "p",
+            _c(
+                gpu=False,
+                resources={"limits": {"nvidia.com/gpu": "1"}},
+                env=_env(("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")),
+            ),
+        ),
+        "limit-tampering",
+    ),
+    "block-device-at-preload": (
+        _pod(
+            "p",
+            _c(gpu=False, volumeDevices=[{"name": "d", "devicePath": "/etc/ld.so.preload"}]),
+            volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "raw"}}],
+        ),
+        "host-device-access",
+    ),
+    # (The apiserver refuses '..' in a devicePath.)
+    "block-device-at-library": (
+        _pod(
+            "p",
+            _c(volumeDevices=[{"name": "d", "devicePath": "/usr/local/vgpu/libvgpu.so"}]),
+            volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "raw"}}],
+        ),
+        "host-device-access",
     ),
     "host-pid": (_pod("p", _c(), hostPID=True), "host-device-access"),
     "host-ipc-vgpu": (_pod("p", _c(), hostIPC=True), "host-device-access"),
@@ -687,6 +723,11 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
 
 ADMITTED: Final[dict[str, Obj]] = {
     "plain": _pod("p", _c(gpu=False)),
+    "block-device": _pod(
+        "p",
+        _c(gpu=False, volumeDevices=[{"name": "d", "devicePath": "/dev/xvdb"}]),
+        volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "raw"}}],
+    ),
     "plain-privileged": _pod("p", _c(gpu=False, securityContext={"privileged": True})),
     "plain-node-name": _pod("p", _c(gpu=False), nodeName="node-1"),
     "whole-gpu-gates": _pod(
@@ -698,6 +739,7 @@ ADMITTED: Final[dict[str, Obj]] = {
                 ("NVIDIA_GDS", "enabled"),
                 ("NVIDIA_DRIVER_CAPABILITIES", "all"),
                 ("CUDA_VERSION", "12.4"),
+                ("NVIDIA_IMEX_CHANNELS", "channel0"),
             ),
         ),
     ),
@@ -1911,22 +1953,38 @@ def test_host_device_access_equals_the_core_under_each_policy(
     assert min(counts.values()) >= HOST_EXAMPLES // 10, counts
 
 
-def test_mount_paths_with_backsteps_are_left_to_the_webhook(api: Api, ns: str) -> None:
-    """The one part of host-device-access CEL leaves out, stated: a mountPath under the
-    NVIDIA runtime's device-request directory reached through ".." (the apiserver refuses
-    ".." in hostPath, not in mountPath) is refused by the webhook, not by CEL."""
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/x/../var/run/nvidia-container-devices/all",
+        "/var/run/../run/nvidia-container-devices/all",
+        "/var/run/nvidia-container-devices/x/../all",
+        "/tmp/../etc/ld.so.preload",
+        "/data/vgpu/../x",
+    ],
+)
+def test_mount_paths_with_backsteps_are_refused_without_the_webhook(
+    api: Api, ns: str, path: str
+) -> None:
+    """A mountPath with ".." (the apiserver refuses it in a hostPath, not in a mountPath)
+    beside anything the GPU stack reads is refused by the CEL policies as by the core,
+    wherever it leads: CEL cannot resolve it, and on 1.36+ no webhook sees a plain pod,
+    which the NVIDIA runtime would give every card for a device-request mount."""
     pod = _pod(
         "p",
-        _c(
-            gpu=False,
-            volumeMounts=[{"name": "r", "mountPath": "/x/../var/run/nvidia-container-devices/all"}],
-        ),
+        _c(gpu=False, volumeMounts=[{"name": "r", "mountPath": path}]),
         volumes=[{"name": "r", "emptyDir": {}}],
     )
     entry = review_object(pod, POLICY, namespace=ns)
     assert {v["rule"] for v in entry["violations"]} == {"host-device-access"}
     sent = api.create("Pod", ns, pod)
-    assert sent.status == 201, sent.body
+    assert sent.status == 403 and vap_rules(sent) == {"host-device-access"}, sent.body
+    harmless = _pod(
+        "p",
+        _c(gpu=False, volumeMounts=[{"name": "r", "mountPath": "/data/x/../models"}]),
+        volumes=[{"name": "r", "emptyDir": {}}],
+    )
+    assert api.create("Pod", ns, harmless).status == 201
 
 
 # The values of HAMi-core's region and priority, spelt as tenants would: each judged by

@@ -341,9 +341,9 @@ def test_host_device_access_in_denylist_mode_has_no_allow_list() -> None:
     # preload: env injects no file; HAMi's device plugin still mounts one in containers.
     assert '"/usr/local/vgpu/ld.so.preload"' not in expression
     assert 'q == "/etc/ld.so.preload"' in expression or '"/etc/ld.so.preload"' in expression
-    # Mount paths with a ".." segment are left to the webhook, hostPaths need no such
-    # guard (the apiserver refuses them).
-    assert expression.count("s == '..'") == 2  # new and old pod, mountPath only
+    # Mount and device paths with a ".." segment are refused where they name something
+    # the GPU stack reads; hostPaths need no such guard (the apiserver refuses them).
+    assert expression.count("s == '..'") == 4  # new and old pod, mountPath and devicePath
 
 
 # The request rules under a policy with maxima, per-mode namespaces and the preload as a
@@ -405,8 +405,10 @@ def test_unmutated_gpu_pod_asks_for_what_the_policys_mutation_injects() -> None:
     strict = celpolicy.rule_expressions(STRICT)["unmutated-gpu-pod"]
     for name in ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY"):
         assert name in default and name in strict, name
-    # preload: env prepends the library; preload: file mounts ld.so.preload.
-    assert "LD_PRELOAD" in default and "LD_PRELOAD" not in strict
+    # preload: env prepends the library; preload: file mounts ld.so.preload, and puts the
+    # library first only in an LD_PRELOAD the container sets.
+    assert "LD_PRELOAD" in default and "names.lastIndexOf('LD_PRELOAD') < 0 ||" not in default
+    assert "names.lastIndexOf('LD_PRELOAD') < 0 ||" in strict
     assert "/etc/ld.so.preload" in strict and "/etc/ld.so.preload" not in default
     assert '"force"' in strict  # strict's coreUtilizationPolicy
     # No stricter than the webhook with its cluster view: the per-GPU memory limits of a

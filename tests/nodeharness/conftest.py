@@ -30,7 +30,9 @@ AUDITED_RULES: Final = (
     "privileged-gpu",
     "limit-tampering",
 )
-NODES: Final = ("default", "hardened", "default-audit", "hardened-audit")
+# profile-variant: "audit" puts AUDITED_RULES at audit; "file" preloads libvgpu by
+# mounting ld.so.preload (vgpu.preload: file) where HAMi's device plugin mounts its own.
+NODES: Final = ("default", "hardened", "default-audit", "hardened-audit", "default-file")
 
 
 def on(*names: str) -> pytest.MarkDecorator:
@@ -56,11 +58,13 @@ def node_binaries() -> tuple[Path, Path]:
         raise  # pragma: no cover  # _unavailable raised
 
 
-def _policy(audit: bool) -> dict[str, Any]:
+def _policy(variant: str) -> dict[str, Any]:
     policy: dict[str, Any] = yaml.safe_load((ROOT / "policies" / "default.yaml").read_text())
-    if audit:
+    if variant == "audit":
         for rule in AUDITED_RULES:
             policy["spec"]["rules"][rule] = "audit"
+    elif variant == "file":
+        policy["spec"]["vgpu"]["preload"] = "file"
     return policy
 
 
@@ -75,7 +79,7 @@ def node(
     bin_dir, node_bin_dir = node_binaries
     workdir = tmp_path_factory.mktemp(f"node-{name}")
     policy = workdir / "policy.yaml"
-    policy.write_text(yaml.safe_dump(_policy(audit=variant == "audit")))
+    policy.write_text(yaml.safe_dump(_policy(variant)))
     # What hack/dev-cluster --node runs: the install the apiserver's version gets.
     with running(
         bin_dir=bin_dir, policy=policy, workdir=workdir, mode=None, cel_policies=True
@@ -88,6 +92,8 @@ def node(
         )
         try:
             node.start()
-            yield NodeHarness(node=node, name=name)
+            harness = NodeHarness(node=node, name=name)
+            harness.wait_for_cards()
+            yield harness
         finally:
             node.stop()

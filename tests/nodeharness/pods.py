@@ -13,6 +13,7 @@ _RUN_TIMEOUT: Final = 90.0
 PROBE: Final = "gpushare.test/probe:1"
 CUDA: Final = "gpushare.test/cuda:1"
 CUDA_LEGACY: Final = "gpushare.test/cuda-legacy:1"
+GATES: Final = "gpushare.test/gates:1"
 ALL_CARDS: Final = tuple(f"/dev/nvidia{i}" for i in range(len(GPU_UUIDS)))
 
 
@@ -77,6 +78,24 @@ class NodeHarness:
         self.node.cluster.create_namespace(name)
         return name
 
+    def wait_for_cards(self) -> None:
+        """Wait until admission knows the node's cards: the webhook's cluster view reads
+        them from the node after it is Ready, and until then refuses a GPU pod
+        (no-fitting-node). A dry-run create asks it without making anything."""
+        from kubernetes import client
+
+        namespace = self.namespace("cards")
+        manifest = pod("cards", container("main", resources=gpu_limits()))
+        deadline = time.monotonic() + _RUN_TIMEOUT
+        while True:
+            try:
+                self.core.create_namespaced_pod(namespace, manifest, dry_run="All")
+                return
+            except client.ApiException as exc:
+                if "no-fitting-node" not in str(exc.body) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.2)
+
     def create(self, namespace: str, manifest: dict[str, Any]) -> dict[str, Any]:
         created: dict[str, Any] = self.core.api_client.sanitize_for_serialization(
             self.core.create_namespaced_pod(namespace, manifest)
@@ -123,9 +142,41 @@ class NodeHarness:
         parsed: Report = json.loads(logs.strip().splitlines()[0])
         return parsed
 
+    def debug(self, namespace: str, name: str, image: str) -> Report:
+        """Add the ephemeral container ``debug`` running ``image`` to a running pod (as
+        ``kubectl debug`` does, through ``pods/ephemeralcontainers``), wait until it runs
+        and return what its probe reported. An admission refusal raises ApiException."""
+        body = {"spec": {"ephemeralContainers": [container("debug", image)]}}
+        self.core.patch_namespaced_pod_ephemeralcontainers(name, namespace, body)
+        deadline = time.monotonic() + _RUN_TIMEOUT
+        while time.monotonic() < deadline:
+            statuses = self.core.read_namespaced_pod(name, namespace).status
+            running = [s for s in statuses.ephemeral_container_statuses or () if s.state.running]
+            if running:
+                return self.report(namespace, name, "debug")
+            time.sleep(0.2)
+        raise AssertionError(f"{namespace}/{name}: the ephemeral container never ran")
+
     def annotations(self, namespace: str, name: str) -> dict[str, str]:
         found: dict[str, str] = self.core.read_namespaced_pod(name, namespace).metadata.annotations
         return found or {}
+
+    def stored_spec(self, namespace: str, name: str) -> dict[str, Any]:
+        """The pod spec as admitted (mutated) and stored."""
+        found = self.core.read_namespaced_pod(name, namespace)
+        spec: dict[str, Any] = self.core.api_client.sanitize_for_serialization(found)["spec"]
+        return spec
+
+    def runtime_spec(self, namespace: str, name: str, container: str = "main") -> dict[str, Any]:
+        """The OCI spec containerd wrote for ``container`` (``crictl inspect``): what the
+        NVIDIA runtime reads, before it edits it."""
+        found = self.core.read_namespaced_pod(name, namespace)
+        statuses = {s.name: s for s in found.status.container_statuses or []}
+        container_id = statuses[container].container_id.split("://", 1)[1]
+        result = self.node.crictl("inspect", container_id)
+        assert result.returncode == 0, result.stderr
+        spec: dict[str, Any] = json.loads(result.stdout)["info"]["runtimeSpec"]
+        return spec
 
     def run(self, namespace: str, manifest: dict[str, Any], container: str = "main") -> Report:
         """Create ``manifest``, wait until every container runs, and return what the

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.nodeharness.conftest import on
 from tests.nodeharness.pods import ALL_CARDS, NodeHarness, Report, cards, container, gpu_limits, pod
-from webhook.dev.node import GPU_UUIDS
+from webhook.dev.node import GPU_UUIDS, LOCK_DIR
 
 
 @dataclass(frozen=True)
@@ -26,6 +27,8 @@ class Attack:
     # What the container shows when the input is honoured.
     shows: Callable[[Report], bool]
     container: str = "main"
+    # Host files the attack makes where it is honoured (removed after).
+    leaves: tuple[Path, ...] = ()
 
 
 def _env_visible_devices(name: str) -> dict[str, Any]:
@@ -53,6 +56,40 @@ def _cdi_annotation(name: str) -> dict[str, Any]:
 def _disable_control(name: str) -> dict[str, Any]:
     env = [{"name": "CUDA_DISABLE_CONTROL", "value": "true"}]
     return pod(name, container("main", resources=gpu_limits(), env=env))
+
+
+def _file_over(name: str, path: str, *, gpu: bool = True) -> dict[str, Any]:
+    # A file any tenant can write: the downward API's pod name, mounted by subPath.
+    volume = {
+        "name": "file",
+        "downwardAPI": {"items": [{"path": "name", "fieldRef": {"fieldPath": "metadata.name"}}]},
+    }
+    mount = {"name": "file", "mountPath": path, "subPath": "name"}
+    resources = gpu_limits() if gpu else {}
+    return pod(name, container("main", resources=resources, volumeMounts=[mount]), volumes=[volume])
+
+
+def _vgpu_directory(name: str) -> dict[str, Any]:
+    mount = {"name": "scratch", "mountPath": "/usr/local/vgpu"}
+    main = container("main", args=["region", "sleep"], resources=gpu_limits(), volumeMounts=[mount])
+    return pod(name, main, volumes=[{"name": "scratch", "emptyDir": {}}])
+
+
+def _null_at(name: str, path: str, *, gpu: bool) -> dict[str, Any]:
+    mount = {"name": "request", "mountPath": path}
+    volume = {"name": "request", "hostPath": {"path": "/dev/null"}}
+    resources = gpu_limits() if gpu else {}
+    return pod(name, container("main", resources=resources, volumeMounts=[mount]), volumes=[volume])
+
+
+def _annotated(key: str) -> Callable[[str], dict[str, Any]]:
+    return lambda name: pod(name, container("main"), annotations={key: "all"})
+
+
+def _region_in_lock_dir(name: str) -> dict[str, Any]:
+    env = [{"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": f"/tmp/vgpulock/{name}.cache"}]
+    main = container("main", args=["region", "sleep"], resources=gpu_limits(), env=env)
+    return pod(name, main)
 
 
 ATTACKS = (
@@ -100,6 +137,104 @@ ATTACKS = (
         frozenset({"default", "hardened"}),
         lambda r: r["preload"] is None,
     ),
+    # 2.11 a pod file at /etc/ld.so.preload: the kubelet puts it after HAMi's, containerd
+    # keeps that order at equal depth, so the pod's file is what the loader reads.
+    Attack(
+        "preload-shadow",
+        "host-device-access",
+        lambda name: _file_over(name, "/etc/ld.so.preload"),
+        frozenset({"default", "hardened"}),
+        lambda r: r["preload"] == "preload-shadow",
+    ),
+    # 2.11 HAMi-core's /overrideEnv: the pod's file is in the container where HAMi-core
+    # would setenv each line (the harness's libvgpu.so is a stand-in that reads nothing).
+    Attack(
+        "override-env",
+        "host-device-access",
+        lambda name: _file_over(name, "/overrideEnv"),
+        frozenset({"default", "hardened"}),
+        lambda r: "/overrideEnv" in r["mounts"],
+    ),
+    # 2.11 a pod directory at /usr/local/vgpu lands on HAMi's per-container directory
+    # (both mounted, the pod's on top): the region is created in it, not where HAMi's
+    # monitor reads (tests/nodeharness/test_channels.py looks on the host).
+    Attack(
+        "vgpu-directory",
+        "host-device-access",
+        _vgpu_directory,
+        frozenset({"default", "hardened"}),
+        lambda r: r["mounts"].count("/usr/local/vgpu") == 2,
+    ),
+    # 2.11 the toolkit's device-request root matched as a string prefix
+    # (cuda_image.go:361-386): "...devicesall" is the device "all", with node setting 2.
+    Attack(
+        "device-request-prefix",
+        "host-device-access",
+        lambda name: _null_at(name, "/var/run/nvidia-container-devicesall", gpu=False),
+        frozenset({"hardened"}),
+        lambda r: cards(r) == list(ALL_CARDS),
+    ),
+    # 2.11 a CDI name as a device-request mount (cuda_image.go:343-350).
+    Attack(
+        "device-request-cdi",
+        "host-device-access",
+        lambda name: _null_at(
+            name, "/var/run/nvidia-container-devices/cdi/nvidia.com/gpu=all", gpu=False
+        ),
+        frozenset({"hardened"}),
+        lambda r: cards(r) == list(ALL_CARDS),
+    ),
+    # 2.11 the same beside a vGPU container's own device-request mount: the slice gets
+    # every card.
+    Attack(
+        "vgpu-device-request",
+        "host-device-access",
+        lambda name: _null_at(name, "/var/run/nvidia-container-devicesall", gpu=True),
+        frozenset({"hardened"}),
+        lambda r: cards(r) == list(ALL_CARDS),
+    ),
+    # 2.11 the same spelled with "..": the toolkit cleans the destination
+    # (cuda_image.go:372), runc resolves it; CEL cannot (threat model section 4, item 7).
+    Attack(
+        "device-request-dotdot",
+        "host-device-access",
+        lambda name: _null_at(name, "/var/run/nvidia-container-devices/x/../all", gpu=False),
+        frozenset({"hardened"}),
+        lambda r: cards(r) == list(ALL_CARDS),
+    ),
+    Attack(
+        "preload-dotdot",
+        "host-device-access",
+        lambda name: _file_over(name, "/tmp/../etc/ld.so.preload"),
+        frozenset({"default", "hardened"}),
+        lambda r: r["preload"] == "preload-dotdot",
+    ),
+    # 2.12 a bare device name (the runtime's default kind makes it nvidia.com/gpu=all)
+    # and the GPU Operator's prefix: containerd copies neither without pod_annotations.
+    Attack(
+        "cdi-bare-name",
+        "host-device-access",
+        _annotated("cdi.k8s.io/gpushare"),
+        frozenset(),
+        lambda r: bool(cards(r)),
+    ),
+    Attack(
+        "cdi-operator-prefix",
+        "host-device-access",
+        _annotated("nvidia.cdi.k8s.io/gpushare"),
+        frozenset(),
+        lambda r: bool(cards(r)),
+    ),
+    # 2.10 the region on the lock directory, a host directory every vGPU pod of the node
+    # mounts read-write: the pod's value beats HAMi's, and the file is created there.
+    Attack(
+        "region-in-lock-dir",
+        "limit-tampering",
+        _region_in_lock_dir,
+        frozenset({"default", "hardened"}),
+        lambda r: r.get("region") == "/tmp/vgpulock/region-in-lock-dir.cache",
+        leaves=(LOCK_DIR / "region-in-lock-dir.cache",),
+    ),
 )
 
 
@@ -107,7 +242,11 @@ ATTACKS = (
 @on("default-audit", "hardened-audit")
 def test_attack_is_real_where_the_row_says(node: NodeHarness, attack: Attack) -> None:
     namespace = node.namespace(attack.name)
-    report = node.run(namespace, attack.manifest(attack.name), attack.container)
+    try:
+        report = node.run(namespace, attack.manifest(attack.name), attack.container)
+    finally:
+        for path in attack.leaves:
+            path.unlink(missing_ok=True)
     honoured = node.profile in attack.honoured_on
     assert attack.shows(report) is honoured, report
 

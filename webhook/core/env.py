@@ -93,16 +93,21 @@ LIMIT_PREFIXES: Final = ("CUDA_DEVICE_MEMORY_LIMIT", "CUDA_DEVICE_SM_LIMIT", "CU
 # the limits limit-tampering compares with the request, the MPS client's settings, the
 # region and priority): the allowlist never refuses them.
 MANAGED_NAMES: Final = frozenset(
+    {*GUARDED_NAMES, "CUDA_DEVICE_MEMORY_SHARED_CACHE", "CUDA_TASK_PRIORITY"}
+)
+MANAGED_PREFIXES: Final = GUARDED_PREFIXES
+# The MPS client's settings the mutation sets, and overwrites, in the slice containers of
+# an MPS pod (mutation.wanted_env). Anywhere else nothing sets them: a vGPU slice or a
+# whole GPU shared by another stack's MPS daemon (the NVIDIA device plugin's) that points
+# its client at another pipe directory, or raises its own limits, leaves its daemon's
+# limits, so the allowlist judges them there.
+MPS_SETTINGS: Final = frozenset(
     {
-        *GUARDED_NAMES,
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT",
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE",
         "CUDA_MPS_PIPE_DIRECTORY",
-        "CUDA_DEVICE_MEMORY_SHARED_CACHE",
-        "CUDA_TASK_PRIORITY",
     }
 )
-MANAGED_PREFIXES: Final = GUARDED_PREFIXES
 
 Channel = Literal["devices", "limits"]
 # The rule a name refused on each channel falls under.
@@ -121,9 +126,14 @@ def channel_of(name: str) -> Channel | None:
     return None
 
 
-def managed(name: str) -> bool:
-    """``name`` is judged by its own rule or set by the mutation, not by the allowlist."""
-    return name in MANAGED_NAMES or name.startswith(MANAGED_PREFIXES)
+def managed(name: str, *, mps_client: bool) -> bool:
+    """``name`` is judged by its own rule or set by the mutation, not by the allowlist,
+    in a container that is (``mps_client``) or is not a slice of an MPS pod."""
+    return (
+        name in MANAGED_NAMES
+        or name.startswith(MANAGED_PREFIXES)
+        or (mps_client and name in MPS_SETTINGS)
+    )
 
 
 # What grants nothing, for each name that adds device nodes beside a device list (the

@@ -20,6 +20,13 @@ VOLUME_LIBRARY: Final = "gpushare-vgpu-lib"
 VOLUME_LOCK: Final = "gpushare-vgpu-lock"
 VOLUME_PRELOAD: Final = "gpushare-vgpu-preload"
 VOLUME_MPS_PIPE: Final = "gpushare-mps-pipe"
+VOLUME_OVERRIDE_ENV: Final = "gpushare-vgpu-override-env"
+# HAMi-core setenv()s every KEY=VALUE line of this file at NVML init, after the pod's env
+# is read (Project-HAMi/HAMi-core src/nvml/hook.c:307, multiprocess_memory_limit.c:152-176,
+# .h:29 @ 8f3a89c): an image that ships one would rewrite the limits and switches. An
+# empty directory mounted read-only there pins it: fopen() opens a directory and fgets()
+# reads no line from it, and nothing in the container can put a file in its place.
+OVERRIDE_ENV_FILE: Final = "/overrideEnv"
 
 # HAMi-core's shared region (CUDA_DEVICE_MEMORY_SHARED_CACHE) belongs directly in the
 # directory HAMi's device plugin mounts read-write per container at Allocate (its own
@@ -90,7 +97,7 @@ class Treatment:
 
 # The treatment of nearly every pod: one object, not one per request.
 PLAIN: Final = Treatment()
-_VGPU_READ_ONLY: Final = frozenset({VOLUME_LIBRARY, VOLUME_PRELOAD})
+_VGPU_READ_ONLY: Final = frozenset({VOLUME_LIBRARY, VOLUME_PRELOAD, VOLUME_OVERRIDE_ENV})
 _MPS_READ_ONLY: Final = frozenset({VOLUME_MPS_PIPE})
 
 
@@ -106,10 +113,12 @@ def injection_for(mode: Mode, policy: Policy) -> Injection:
                 "name": VOLUME_LOCK,
                 "hostPath": {"path": policy.lock_host_path, "type": "DirectoryOrCreate"},
             },
+            {"name": VOLUME_OVERRIDE_ENV, "emptyDir": {}},
         ]
         mounts: list[dict[str, Any]] = [
             {"name": VOLUME_LIBRARY, "mountPath": LIBRARY_PATH, "readOnly": True},
             {"name": VOLUME_LOCK, "mountPath": policy.lock_host_path},
+            {"name": VOLUME_OVERRIDE_ENV, "mountPath": OVERRIDE_ENV_FILE, "readOnly": True},
         ]
         if policy.preload == "file":
             volumes.append(
@@ -127,9 +136,13 @@ def injection_for(mode: Mode, policy: Policy) -> Injection:
     if mode == "mps":
         return Injection(
             volumes=(
+                # Directory, not DirectoryOrCreate: on a node without the daemon's pipe
+                # directory an empty one would be made, the client would find no daemon
+                # and CUDA would run without MPS, and without its limits
+                # (nvidia-cuda-mps-control(1)); the pod fails to start instead.
                 {
                     "name": VOLUME_MPS_PIPE,
-                    "hostPath": {"path": policy.mps_pipe_directory, "type": "DirectoryOrCreate"},
+                    "hostPath": {"path": policy.mps_pipe_directory, "type": "Directory"},
                 },
             ),
             # Read-only: clients still reach the daemon's pipes and socket (FIFOs and

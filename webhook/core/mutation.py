@@ -83,10 +83,18 @@ class Want:
     # Set only where the container does not set the name: its own value is the env
     # allowlist's to judge (the device pins).
     absent_only: bool = False
+    # Set only where the container sets the name (any entry, valueFrom too).
+    present_only: bool = False
 
 
 # The wants that depend on the policy alone, built once: a Want is never changed.
 _PRELOAD: Final = Want("LD_PRELOAD", LIBRARY_PATH, prepend=True, report=False)
+# With preload "file" glibc still loads LD_PRELOAD's objects before /etc/ld.so.preload's
+# (elf/rtld.c dl_main): a user's library there would be searched before libvgpu.so for
+# the symbols HAMi-core hooks. Ours goes first where the container sets one.
+_PRELOAD_BEFORE_USERS: Final = Want(
+    "LD_PRELOAD", LIBRARY_PATH, prepend=True, report=False, present_only=True
+)
 # Pinned in the pod's env, which wins over envFrom and the image's ENV: neither can
 # then loosen the switches HAMi-core reads. A user's force is stricter than any policy
 # value (HAMi-core compares the exact spellings).
@@ -119,8 +127,7 @@ def wanted_env(
     slice_ = klass == "slice" and mode in ("vgpu", "mps")
     wants: list[Want] = [_PINS[pin] for pin in policy.device_pins] if slice_ else []
     if mode == "vgpu":
-        if policy.preload == "env":
-            wants.append(_PRELOAD)
+        wants.append(_PRELOAD if policy.preload == "env" else _PRELOAD_BEFORE_USERS)
         if request.memory_mib is not None:
             memory = f"{request.memory_mib}m"
             for i in range(request.gpus):
@@ -207,7 +214,8 @@ def _env_ops(
     for want in wants:
         index = last.get(want.name)
         if index is None:
-            appends.append({"name": want.name, "value": want.value})
+            if not want.present_only:
+                appends.append({"name": want.name, "value": want.value})
             continue
         if want.absent_only:
             continue

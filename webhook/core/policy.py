@@ -262,6 +262,7 @@ SCHEMA: Final[dict[str, Any]] = {
                                     },
                                     "values": {"type": "array", "items": {"type": "string"}},
                                     "items": _STRINGS,
+                                    "itemPattern": {"type": "string", "minLength": 1},
                                     "containers": {
                                         "type": "array",
                                         "minItems": 1,
@@ -423,6 +424,10 @@ class EnvAllowance:
     # Admitted items of a comma-separated list (the toolkit's NVIDIA_DRIVER_CAPABILITIES:
     # items are trimmed, empty ones skipped); None: values decides.
     items: frozenset[str] | None = None
+    # Items of a comma-separated list that match this (a whole item, in the narrow
+    # regular-expression subset item_pattern_problem admits, which no RE2 and Python
+    # read differently and which cannot match a comma, blank or tab); None: items decides.
+    item_pattern: str | None = None
     containers: frozenset[ContainerClass] = frozenset(CONTAINER_CLASSES)
 
     @property
@@ -434,16 +439,21 @@ class EnvAllowance:
 
     def admits(self, value: str | None) -> bool:
         """``value`` (None: from valueFrom or with $(VAR) references) is admitted."""
-        if self.values is None and self.items is None:
+        if self.values is None and self.items is None and self.item_pattern is None:
             return True
         if value is None:
             return False
-        if self.items is not None:
-            # Blanks and tabs only: the toolkit trims more, and an odd space refused is safe.
-            return all(
-                not (word := item.strip(" \t")) or word in self.items for item in value.split(",")
-            )
-        return self.values is not None and value in self.values
+        if self.values is not None:
+            return value in self.values
+        items = self.items or frozenset()
+        pattern = self.item_pattern
+        # Blanks and tabs only: the toolkit trims more, and an odd space refused is safe.
+        return all(
+            not (word := item.strip(" \t"))
+            or word in items
+            or (pattern is not None and re.fullmatch(pattern, word) is not None)
+            for item in value.split(",")
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -994,6 +1004,7 @@ def _env_allowance(entry: Mapping[str, Any]) -> EnvAllowance:
         name=entry["name"],
         values=tuple(values) if values is not None else None,
         items=frozenset(items) if items is not None else None,
+        item_pattern=entry.get("itemPattern"),
         containers=frozenset(entry.get("containers", CONTAINER_CLASSES)),
     )
 
@@ -1018,9 +1029,54 @@ def _env_problems(document: Mapping[str, Any]) -> list[tuple[list[Any], str]]:
                     "admitted already",
                 )
             )
-        if "values" in entry and "items" in entry:
-            problems.append(([*path[:-1], "items"], "give values or items, not both"))
+        if "values" in entry and ("items" in entry or "itemPattern" in entry):
+            key = "items" if "items" in entry else "itemPattern"
+            problems.append(([*path[:-1], key], f"give values or {key}, not both"))
+        pattern = entry.get("itemPattern")
+        if isinstance(pattern, str) and (problem := item_pattern_problem(pattern)):
+            problems.append(([*path[:-1], "itemPattern"], problem))
     return problems
+
+
+# A quantifier's {m}, {m,} or {m,n}: the one place a comma may stand in an item pattern.
+_REPEAT = re.compile(r"\{[0-9]+(?:,[0-9]*)?\}")
+
+
+def item_pattern_problem(pattern: str) -> str | None:
+    """Why ``pattern`` is no env.allowed itemPattern, or None.
+
+    The core matches it against each item of a split list; the in-apiserver policies
+    match one regular expression against the whole value, in RE2. Both agree only for a
+    pattern that reads the same in Python and RE2 and can never match a comma, a blank
+    or a tab: letters, digits, ``_``, ``-``, ``\\.``, classes of those, groups, ``|``
+    and quantifiers.
+    """
+    try:
+        re.compile(pattern)
+    except re.error as error:
+        return f"not a regular expression: {error}"
+    rest = _REPEAT.sub("", pattern)
+    index = 0
+    while index < len(rest):
+        char = rest[index]
+        if char == "\\":
+            if rest[index + 1 : index + 2] not in (".", "-"):
+                return "only \\. and \\- may be escaped (write classes such as [0-9])"
+            index += 2
+            continue
+        if (
+            char == "("
+            and rest[index + 1 : index + 2] == "?"
+            and rest[index + 2 : index + 3] != ":"
+        ):
+            return "only (?: groups: lookarounds, flags and named groups read differently in RE2"
+        if not (char.isascii() and (char.isalnum() or char in "_-[]()|?*+:")):
+            return (
+                f"{char!r} is not allowed: a pattern matches one whole item, of letters, "
+                "digits, _, - and \\."
+            )
+        index += 1
+    return None
 
 
 def _scheduler_maps(

@@ -30,6 +30,7 @@ from webhook.core.finding import Finding, quoted
 from webhook.core.injection import (
     LIBRARY_PATH,
     MPS_LIMIT_VARS,
+    OVERRIDE_ENV_FILE,
     PLAIN,
     PRELOAD_FILE,
     REGION_DIR,
@@ -171,13 +172,12 @@ DEVICE_REQUEST_MARK: Final = "nvidia-container-devices"
 # /usr/bin/vgpuvalidator; HAMi-core setenv()s each line of /overrideEnv at NVML init and
 # hard-codes /usr/local/vgpu (HAMi's per-container directory, the library) and
 # /tmp/vgpulock.
-OVERRIDE_ENV: Final = "/overrideEnv"
 # Paths HAMi hard-codes inside the container, no temporary files of ours.
 HAMI_LOCK_DIR: Final = "/tmp/vgpulock"  # noqa: S108
 HAMI_LICENSE: Final = ("/tmp/license", "/usr/bin/vgpuvalidator")  # noqa: S108
 READ_PATHS: Final = (
     PRELOAD_FILE,
-    OVERRIDE_ENV,
+    OVERRIDE_ENV_FILE,
     posixpath.dirname(LIBRARY_PATH),
     HAMI_LOCK_DIR,
     *HAMI_LICENSE,
@@ -451,13 +451,24 @@ CLASS_WORDS: Final[dict[str, str]] = {
 
 
 def _allowlist_finding(
-    label: str, name: str, value: str | None, klass: ContainerClass, policy: Policy
+    label: str,
+    name: str,
+    value: str | None,
+    klass: ContainerClass,
+    policy: Policy,
+    *,
+    mps_client: bool,
 ) -> Finding | None:
     """The env channel's default-deny on one entry of a guarded name that no rule of its
-    own judges (webhook.core.env.channel_of, managed)."""
+    own judges (webhook.core.env.channel_of, managed), in a container of class ``klass``
+    that is or is not an MPS client the mutation sets up."""
     channel = channel_of(name)
     # A device pin's value grants nothing: what the mutation sets is no violation.
-    if channel is None or managed(name) or (value is not None and DEVICE_PINS.get(name) == value):
+    if (
+        channel is None
+        or managed(name, mps_client=mps_client)
+        or (value is not None and DEVICE_PINS.get(name) == value)
+    ):
         return None
     shown_value = None if opaque(value) else value
     if policy.env_admits(name, shown_value, klass):
@@ -493,13 +504,23 @@ def _mount_findings(
         if not isinstance(mount, MAPPINGS):
             continue
         target = mount.get("mountPath")
-        shadowed = (
-            _shadowed(target, reads)
-            if isinstance(target, str)
-            and (DEVICE_REQUEST_MARK in target or not names.isdisjoint(target.split("/")))
-            else None
+        segments = target.split("/") if isinstance(target, str) else ()
+        named = isinstance(target, str) and (
+            DEVICE_REQUEST_MARK in target or not names.isdisjoint(segments)
         )
-        if shadowed == "device-request":
+        shadowed = _shadowed(target, reads) if named and isinstance(target, str) else None
+        if named and ".." in segments:
+            # The toolkit and the runtime clean the path; the in-apiserver policies cannot
+            # (CEL has no path resolution) and judge pods no webhook sees on 1.36+. So a
+            # '..' beside anything the GPU stack reads is refused wherever it leads.
+            found.append(
+                Finding(
+                    "host-device-access",
+                    f"{_label(kind, container)}: a mount at {target} names a path the GPU "
+                    "stack reads with '..'; write the path without '..'",
+                )
+            )
+        elif shadowed == "device-request":
             found.append(
                 Finding(
                     "host-device-access",
@@ -577,6 +598,13 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
             if r.shares and r.kind != "ephemeralContainers"
         }
         if subject.injection.mounts
+        else set()
+    )
+    # The containers the mutation gives the MPS client's settings (wanted_env): those
+    # that share a GPU in an MPS pod (an ephemeral container cannot ask for one).
+    mps_clients = (
+        {r.name for r in subject.requests.containers if r.shares}
+        if subject.mode == "mps"
         else set()
     )
     spec = subject.view.spec
@@ -667,7 +695,14 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                         if klass is None:
                             klass = container_class(container, policy)
                         finding = _allowlist_finding(
-                            _label(kind, container), name, env_value(entry), klass, policy
+                            _label(kind, container),
+                            name,
+                            env_value(entry),
+                            klass,
+                            policy,
+                            # A string first: a list or map as a name is unhashable.
+                            mps_client=isinstance(cname := container.get("name"), str)
+                            and cname in mps_clients,
                         )
                         if finding is not None:
                             yield finding
@@ -683,6 +718,32 @@ def _container_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                     # A string first: a list or map as a name is unhashable.
                     mutated=isinstance(name := container.get("name"), str) and name in mutated,
                 )
+            devices = container.get("volumeDevices")
+            if isinstance(devices, list):
+                yield from _device_findings(kind, container, devices, reads)
+
+
+def _device_findings(
+    kind: ContainerKind, container: Mapping[str, Any], devices: list[Any], reads: ReadPaths
+) -> Iterator[Finding]:
+    """A raw block device (a Block PVC's ``volumeDevices``) at a path the GPU stack reads:
+    runc makes or bind-mounts the device node there, over what the device plugin or the
+    mutation put (the library, the preload list). No device is ever injected."""
+    for device in devices:
+        if not isinstance(device, MAPPINGS):
+            continue
+        target = device.get("devicePath")
+        if not isinstance(target, str):
+            continue
+        segments = target.split("/")
+        if DEVICE_REQUEST_MARK not in target and reads.names.isdisjoint(segments):
+            continue
+        if ".." in segments or _shadowed(target, reads) is not None:
+            yield Finding(
+                "host-device-access",
+                f"{_label(kind, container)}: a block device at {target} replaces what the "
+                "GPU stack reads there; put it elsewhere",
+            )
 
 
 # Any *cdi.k8s.io/ key: the NVIDIA runtime's cdi mode reads the keys under its

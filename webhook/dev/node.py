@@ -66,6 +66,7 @@ GPU_UUIDS: Final = tuple(f"GPU-00000000-0000-0000-0000-00000000000{i}" for i in 
 HOOK_PATH: Final = Path("/usr/local/vgpu")
 # HAMi-core's lock directory, a fixed path shared by every vGPU pod of a node.
 LOCK_DIR: Final = Path("/tmp/vgpulock")  # noqa: S108  # HAMi-core hard-codes it
+MPS_PIPE_DIR: Final = Path("/tmp/nvidia-mps")  # noqa: S108  # the default mps.pipeDirectory
 # The kubelet's device plugin directory is a constant of its API (v1beta1.DevicePluginPath).
 DEVICE_PLUGIN_DIR: Final = Path("/var/lib/kubelet/device-plugins")
 BRIDGE: Final = "gpushare0"
@@ -86,6 +87,18 @@ IMAGES: Final[Mapping[str, tuple[str, ...]]] = {
         "CUDA_VERSION=12.4.1",
     ),
     "gpushare.test/cuda-legacy:1": (_PATH_ENV, "CUDA_VERSION=12.4.1"),
+    # A CUDA image that also bakes the toolkit's gated modifiers and IMEX channels (as
+    # GPUDirect Storage and multi-node NVLink images do): what the mutation's pins in a
+    # slice container must beat.
+    "gpushare.test/gates:1": (
+        _PATH_ENV,
+        "NVIDIA_VISIBLE_DEVICES=all",
+        "NVIDIA_GDS=enabled",
+        "NVIDIA_MOFED=enabled",
+        "NVIDIA_GDRCOPY=enabled",
+        "NVIDIA_NVSWITCH=enabled",
+        "NVIDIA_IMEX_CHANNELS=all",
+    ),
 }
 PAUSE_IMAGE: Final = "gpushare.test/pause:1"
 
@@ -602,6 +615,9 @@ class Node:
             preload.write_text(f"{library}\n")
             self._made.append(preload)
         LOCK_DIR.mkdir(mode=0o777, exist_ok=True)
+        # What an MPS control daemon makes on an MPS node (the injected hostPath is of
+        # type Directory: without it an MPS pod does not start).
+        MPS_PIPE_DIR.mkdir(mode=0o755, exist_ok=True)
         DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
         for key in _KUBELET_SYSCTLS:
             with contextlib.suppress(OSError):

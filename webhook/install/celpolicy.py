@@ -136,6 +136,7 @@ from webhook.core.env import (
     LIMIT_PREFIXES,
     MANAGED_NAMES,
     MANAGED_PREFIXES,
+    MPS_SETTINGS,
     SPELLED_NAMES,
     SPELLED_PREFIXES,
     Channel,
@@ -180,6 +181,7 @@ from webhook.core.rules import (
     CDI_MARK,
     CLASS_WORDS,
     CRIO_DEVICE_KEYS,
+    DEVICE_REQUEST_MARK,
     LOOSENING,
     STACK_FILE_PREFIXES,
     STACK_ROOTS,
@@ -728,9 +730,12 @@ def channel_test(name: str, channel: Channel) -> str:
     return " || ".join(terms)
 
 
-def _managed(name: str) -> str:
-    """``env.managed`` of the CEL string ``name``."""
+def _managed(name: str, *, mps_client: str | None) -> str:
+    """``env.managed`` of the CEL string ``name`` in a container that is a slice of an MPS
+    pod where ``mps_client`` holds (None: never)."""
     terms = [f"{name} in {_list(sorted(MANAGED_NAMES))}", *_starts(name, MANAGED_PREFIXES)]
+    if mps_client is not None:
+        terms.append(f"({mps_client} && {name} in {_list(sorted(MPS_SETTINGS))})")
     return " || ".join(terms)
 
 
@@ -741,20 +746,25 @@ def slice_test(policy: Policy, c: str) -> str:
     return asks_test(c, " || ".join([*listed, _mig_test(policy)]))
 
 
-def _items_regex(items: Iterable[str]) -> str:
+def _items_regex(items: Iterable[str], pattern: str | None) -> str:
     """``EnvAllowance.admits``' comma list: each item, blanks and tabs around it dropped,
-    empty or among ``items``."""
-    words = "|".join(re.escape(item) for item in sorted(items))
-    item = f"[ \\t]*(?:{words})?[ \\t]*"
+    empty, among ``items`` or matching ``pattern`` (which cannot match a comma, a blank
+    or a tab: policy.item_pattern_problem, so one expression over the whole value says
+    what the core's split says)."""
+    words = [re.escape(item) for item in sorted(items)]
+    if pattern is not None:
+        words.append(f"(?:{pattern})")
+    item = f"[ \\t]*(?:{'|'.join(words)})?[ \\t]*"
     return f"^{item}(?:,{item})*$"
 
 
 def _allowance_test(allowance: EnvAllowance, value: str, opaque: str) -> str:
     """``EnvAllowance.admits`` of the CEL string ``value`` (unknown where ``opaque`` holds)."""
-    if allowance.items is not None:
-        return f"!({opaque}) && {value}.matches({literal(_items_regex(allowance.items))})"
     if allowance.values is not None:
         return f"!({opaque}) && {value} in {_list(allowance.values)}"
+    if allowance.items is not None or allowance.item_pattern is not None:
+        regex = _items_regex(allowance.items or (), allowance.item_pattern)
+        return f"!({opaque}) && {value}.matches({literal(regex)})"
     return "true"
 
 
@@ -782,24 +792,26 @@ def env_admitted(policy: Policy, name: str, value: str, opaque: str, klass: Cont
     return " : ".join([*branches, "false"])
 
 
-def _judged_entry(channel: Channel) -> str:
-    """The env entry ``e`` sets a name of ``channel`` that no rule of its own judges and
-    that is no device pin (a pin's value grants nothing: rules._allowlist_finding)."""
+def _judged_entry(policy: Policy, channel: Channel, c: str) -> str:
+    """The env entry ``e`` of container ``c`` sets a name of ``channel`` that no rule of
+    its own judges and that is no device pin (a pin's value grants nothing:
+    rules._allowlist_finding)."""
     pinned = " || ".join(
         f"(e.name == {literal(name)} && !has(e.valueFrom) && {_value('e')} == {literal(value)})"
         for name, value in DEVICE_PINS.items()
     )
-    return (
-        f"has(e.name) && ({channel_test('e.name', channel)}) && "
-        f"!({_managed('e.name')}) && !({pinned})"
-    )
+    # The containers the mutation gives the MPS client's settings (mutation.wanted_env).
+    mps_client = f"variables.mode == 'mps' && {asks_test(c, _sharing_test(policy))}"
+    managed = _managed("e.name", mps_client=mps_client)
+    return f"has(e.name) && ({channel_test('e.name', channel)}) && !({managed}) && !({pinned})"
 
 
-def unadmitted_entry(policy: Policy, channel: Channel, klass: ContainerClass) -> str:
-    """The env entry ``e`` sets a name of ``channel`` that no rule of its own judges and
-    that the policy's env.allowed does not admit in a container of class ``klass``."""
+def unadmitted_entry(policy: Policy, channel: Channel, klass: ContainerClass, c: str) -> str:
+    """The env entry ``e`` of container ``c`` sets a name of ``channel`` that no rule of
+    its own judges and that the policy's env.allowed does not admit in a container of
+    class ``klass``."""
     admitted = env_admitted(policy, "e.name", _value("e"), _opaque("e"), klass)
-    return f"{_judged_entry(channel)} && !({admitted})"
+    return f"{_judged_entry(policy, channel, c)} && !({admitted})"
 
 
 def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
@@ -808,7 +820,7 @@ def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
     decided once per container, each branch with the allowlist of its class)."""
 
     def unadmitted(klass: ContainerClass) -> str:
-        return f"c.env.exists(e, {unadmitted_entry(policy, channel, klass)})"
+        return f"c.env.exists(e, {unadmitted_entry(policy, channel, klass, 'c')})"
 
     return (
         f"{containers}.exists(c, has(c.env) && (({slice_test(policy, 'c')}) ? "
@@ -1006,22 +1018,45 @@ def _host_paths(policy: Policy, containers: str, gpu: str, spec: str) -> str:
     )
 
 
+def _device_shadow(policy: Policy, device: str) -> str:
+    """``rules._device_findings``: a block device at (or, by ``..``, beside) a path the GPU
+    stack reads, or at a device request; none is ever injected."""
+    target = f"{device}.devicePath"
+    requests = " || ".join(
+        f"{v}.startsWith({literal(d)})" for v in (target, "q") for d in _DEVICE_REQUEST_DIRS
+    )
+    paths = read_paths(policy)
+    reads = _reaching("q", paths.roots, parents=False)
+    named = (
+        f"{target}.contains({literal(DEVICE_REQUEST_MARK)}) || "
+        f"{target}.split('/').exists(s, s in {_list(sorted(paths.names))})"
+    )
+    return (
+        f"has({target}) && ({named}) && ({target}.split('/').exists(s, s == '..') || "
+        f"[{_normalised(target)}].exists(q, {requests} || {reads}))"
+    )
+
+
 def _shadow(policy: Policy, mount: str) -> str:
     """``rules._mount_findings``' paths: ``mount`` asks the NVIDIA runtime for devices (its
     root a string prefix of the destination, raw or cleaned), or lies at or below a path
     the GPU stack reads inside the container and is not a mount the mutation injects. A
     mountPath may hold ``..`` (the apiserver allows it there), which CEL cannot resolve:
-    those are the webhook's alone."""
+    one beside the device-request mark or a read path's name is refused wherever it leads."""
     target = f"{mount}.mountPath"
     requests = " || ".join(
         f"{v}.startsWith({literal(d)})" for v in (target, "q") for d in _DEVICE_REQUEST_DIRS
     )
-    roots = read_paths(policy).roots
-    reads = _reaching("q", roots, parents=False)
+    paths = read_paths(policy)
+    reads = _reaching("q", paths.roots, parents=False)
+    named = (
+        f"{target}.contains({literal(DEVICE_REQUEST_MARK)}) || "
+        f"{target}.split('/').exists(s, s in {_list(sorted(paths.names))})"
+    )
     return (
-        f"has({target}) && !{target}.split('/').exists(s, s == '..') && "
+        f"has({target}) && ({target}.split('/').exists(s, s == '..') ? ({named}) : "
         f"[{_normalised(target)}].exists(q, {requests} || "
-        f"(({reads}) && !({_injected_mount(policy, mount)})))"
+        f"(({reads}) && !({_injected_mount(policy, mount)}))))"
     )
 
 
@@ -1050,8 +1085,9 @@ def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotatio
     """host-device-access of one pod: its hostPath volumes, its containers' mounts and
     its CDI annotations."""
     mounts = (
-        f"{containers}.exists(c, has(c.volumeMounts) && c.volumeMounts.exists(m, "
-        f"({_shadow(policy, 'm')}) || ({_read_only_volume(policy, 'm')})))"
+        f"{containers}.exists(c, (has(c.volumeMounts) && c.volumeMounts.exists(m, "
+        f"({_shadow(policy, 'm')}) || ({_read_only_volume(policy, 'm')}))) || "
+        f"(has(c.volumeDevices) && c.volumeDevices.exists(d, {_device_shadow(policy, 'd')})))"
     )
     cdi = _runtime_annotations(policy, annotations)
     namespaces = (
@@ -1451,15 +1487,20 @@ def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
             _env_is("'CUDA_MPS_PIPE_DIRECTORY'", literal(policy.mps_pipe_directory)),
         ]
     tests = []
+    # _merged: ours first, then the user's libraries, split on ':' and ' ', without
+    # empty ones or ours again.
+    lib = literal(LIBRARY_PATH)
+    merged = (
+        f"v == {lib} || (v.startsWith({lib} + ':') && !v.contains(' ') && "
+        f"v.substring({len(LIBRARY_PATH) + 1}).split(':').all(p, p != '' && p != {lib}))"
+    )
     if policy.preload == "env":
-        # _merged: ours first, then the user's libraries, split on ':' and ' ', without
-        # empty ones or ours again.
-        lib = literal(LIBRARY_PATH)
-        merged = (
-            f"v == {lib} || (v.startsWith({lib} + ':') && !v.contains(' ') && "
-            f"v.substring({len(LIBRARY_PATH) + 1}).split(':').all(p, p != '' && p != {lib}))"
-        )
         tests.append(_env_holds("'LD_PRELOAD'", merged))
+    else:
+        # mutation._PRELOAD_BEFORE_USERS: only where the container sets one.
+        absent = "names.lastIndexOf('LD_PRELOAD') < 0"
+        holds = _env_holds("'LD_PRELOAD'", merged)
+        tests.append(f"{absent} || {holds}")
     memory = "'CUDA_DEVICE_MEMORY_LIMIT_' + string(i)"
     mib = f"string({m}) + 'm'"
     tests.append(f"{m} <= 0 || {_indices(g)}.all(i, {_env_is(memory, mib)})")
@@ -1783,7 +1824,7 @@ def _visible_texts(policy: Policy, x: str) -> str:
     unadmitted = _unadmitted_text(policy, "devices", "the NVIDIA container runtime")
     entry = (
         f"e.name == {literal(_VISIBLE)} ? ({visible}) : "
-        f"({_judged_entry('devices')}) ? ({unadmitted}) : ''"
+        f"({_judged_entry(policy, 'devices', x)}) ? ({unadmitted}) : ''"
     )
     legacy = (
         f"({_legacy(x)}) ? (!({_asks_for_gpu(policy, x)}) ? [{literal(_LEGACY_TEXTS[0])}] : "
@@ -1805,7 +1846,7 @@ def _tampering_texts(policy: Policy, x: str) -> str:
     unadmitted = _unadmitted_text(policy, "limits", "HAMi-core or the MPS client")
     entry = (
         f"({loosening(policy, 'e')}) ? e.name + {_shown('e')} + ' ' + {why}[e.name] + "
-        f"'; remove it' : ({_judged_entry('limits')}) ? ({unadmitted}) : ''"
+        f"'; remove it' : ({_judged_entry(policy, 'limits', x)}) ? ({unadmitted}) : ''"
     )
     return f"[{_class(policy, x)}].map(k, {_env_texts(x, entry)})[0]"
 
@@ -1823,17 +1864,27 @@ def _mount_texts(policy: Policy, x: str) -> str:
         " + ' shadows ' + r + ', which the GPU stack reads inside the container; mount it "
         "elsewhere')"
     )
+    backstep = (
+        "['a mount at ' + m.mountPath + ' names a path the GPU stack reads with \\'..\\'; "
+        "write the path without \\'..\\'']"
+    )
     shadow = (
-        f"({_shadow(policy, 'm')}) ? [{_normalised('m.mountPath')}].map(q, ({requests}) ? "
+        f"!({_shadow(policy, 'm')}) ? [] : m.mountPath.split('/').exists(s, s == '..') ? "
+        f"{backstep} : [{_normalised('m.mountPath')}].map(q, ({requests}) ? "
         "['a mount at ' + m.mountPath + ' asks the NVIDIA runtime for devices; request GPUs "
-        f"in limits'] : {shadowed})[0] : []"
+        f"in limits'] : {shadowed})[0]"
     )
     shared = (
         f"({_read_only_volume(policy, 'm')}) ? ['volume \"' + m.name + '\" is shared with "
         "every GPU pod on the node; mount it readOnly'] : []"
     )
     mounts = f"(has({x}.volumeMounts) ? {x}.volumeMounts.map(m, ({shadow}) + ({shared})) : [])"
-    texts = f"{mounts}.filter(t, size(t) > 0).map(t, t[0])"
+    devices = (
+        f"(has({x}.volumeDevices) ? {x}.volumeDevices.filter(d, {_device_shadow(policy, 'd')})"
+        ".map(d, 'a block device at ' + d.devicePath + ' replaces what the GPU stack reads "
+        "there; put it elsewhere') : [])"
+    )
+    texts = f"{mounts}.filter(t, size(t) > 0).map(t, t[0]) + {devices}"
     if not policy.gpu_runtime_classes:
         return texts
     # A container under a GPU runtime class that asks for no GPU and lacks the void.

@@ -183,14 +183,18 @@ def _vgpu_wants(policy: Policy) -> str:
     """``mutation.wanted_env`` of a vGPU container; ``g``, ``m``, ``k`` bound to its GPU
     count, MiB and cores."""
     parts = []
+    lib = literal(LIBRARY_PATH)
+    merged = (
+        f"cel.bind(p, {_current('LD_PRELOAD')}, p == '' ? {lib} : "
+        f"([{lib}] + p.replace(' ', ':').split(':').filter(x, x != '' && x != {lib}))"
+        ".join(':'))"
+    )
     if policy.preload == "env":
-        lib = literal(LIBRARY_PATH)
-        merged = (
-            f"cel.bind(p, {_current('LD_PRELOAD')}, p == '' ? {lib} : "
-            f"([{lib}] + p.replace(' ', ':').split(':').filter(x, x != '' && x != {lib}))"
-            ".join(':'))"
-        )
         parts.append(f"[{_entry('LD_PRELOAD', merged)}]")
+    else:
+        # mutation._PRELOAD_BEFORE_USERS: ours first only where the container sets one.
+        sets = "has(c.env) && c.env.exists(e, e.name == 'LD_PRELOAD')"
+        parts.append(f"({sets} ? [{_entry('LD_PRELOAD', merged)}] : [])")
     parts.append(
         "(m > 0 ? lists.range(g).map(i, {'name': 'CUDA_DEVICE_MEMORY_LIMIT_' + string(i), "
         "'value': string(m) + 'm'}) : [])"

@@ -177,6 +177,9 @@ def _container_test(policy: Policy, c: str) -> str:
             f"(has(m.mountPath) && {_list(mount_marks(policy))}"
             ".exists(w, m.mountPath.contains(w))) || "
             f"(has(m.name) && m.name in {_list(INJECTED_VOLUMES)}))",
+            # The same for a block device's path (rules._device_findings).
+            f"has({c}.volumeDevices) && {c}.volumeDevices.exists(d, has(d.devicePath) && "
+            f"{_list(mount_marks(policy))}.exists(w, d.devicePath.contains(w)))",
         ]
     )
 
