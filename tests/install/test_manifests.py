@@ -102,7 +102,7 @@ def test_default_install_objects() -> None:
         *[
             (kind, name)
             for kind in celpolicy.KINDS
-            for name in ("gpushare-deny", "gpushare-deny-sources", "gpushare-overrides")
+            for name in ("gpushare-deny", "gpushare-deny-sources")
         ],
         ("MutatingWebhookConfiguration", "gpushare-webhook"),
         ("ValidatingWebhookConfiguration", "gpushare-webhook"),
