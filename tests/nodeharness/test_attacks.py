@@ -146,12 +146,14 @@ ATTACKS = (
         frozenset({"default", "hardened"}),
         lambda r: r["preload"] == "preload-shadow",
     ),
-    # 2.11 HAMi-core's /overrideEnv: the pod's file is in the container where HAMi-core
-    # would setenv each line (the harness's libvgpu.so is a stand-in that reads nothing).
+    # 2.11 HAMi-core's /overrideEnv: the pod's file is in the container (the harness's
+    # libvgpu.so is a stand-in that reads nothing). In a container that asks for no GPU
+    # it is refused; in a vGPU slice the mutation's pin replaces it
+    # (test_a_tenants_override_file_in_a_slice_is_replaced_by_the_pin).
     Attack(
         "override-env",
         "host-device-access",
-        lambda name: _file_over(name, "/overrideEnv"),
+        lambda name: _file_over(name, "/overrideEnv", gpu=False),
         frozenset({"default", "hardened"}),
         lambda r: "/overrideEnv" in r["mounts"],
     ),
@@ -257,3 +259,15 @@ def test_attack_is_refused_at_deny(node: NodeHarness, attack: Attack) -> None:
     namespace = node.namespace(attack.name)
     refusal = node.refusal(namespace, attack.manifest(attack.name))
     assert f"[{attack.rule}]" in refusal or attack.rule in refusal, refusal
+
+
+@on("default")
+def test_a_tenants_override_file_in_a_slice_is_replaced_by_the_pin(node: NodeHarness) -> None:
+    namespace = node.namespace("override-pin")
+    report = node.run(namespace, _file_over("override-pin", "/overrideEnv"))
+    assert "/overrideEnv" in report["mounts"]
+    mounts = node.stored_spec(namespace, "override-pin")["containers"][0]["volumeMounts"]
+    at = [m for m in mounts if m["mountPath"] == "/overrideEnv"]
+    assert at == [
+        {"name": "gpushare-vgpu-override-env", "mountPath": "/overrideEnv", "readOnly": True}
+    ], at
