@@ -128,8 +128,9 @@ class ReportKeeper:
             self._dirty.add(key)
         elif kind in ("configmaps", "secrets"):
             self._data_dirty = True
-        elif kind in ("nodes", "namespaces"):
-            # Every pod is judged with them (node fit, Pod Security of mps).
+        elif kind in ("nodes", "namespaces", "resourceclaims", "resourceclaimtemplates"):
+            # Every pod is judged with them (node fit, Pod Security of mps, gpu-claim of a
+            # pod that names a claim or template by name).
             self._stale_view = True
 
     def results(self, namespace: str) -> list[Result]:
