@@ -518,7 +518,6 @@ class ClusterWatch:
         config_maps: bool = True,
         secrets: bool = False,
         pods: bool = False,
-        claims: bool = True,
         keep_key: Callable[[str], bool] | None = None,
         on_event: Callable[[str, str], None] | None = None,
     ) -> None:
@@ -564,7 +563,7 @@ class ClusterWatch:
         self._reflectors: dict[str, Reflector] = {}
         self._clients: dict[str, Any] = {"CoreV1Api": api}
         self._wanted = ["nodes", "namespaces", "resourcequotas"]
-        self._wanted += ["resourceclaims", "resourceclaimtemplates"] * claims
+        self._wanted += ["resourceclaims", "resourceclaimtemplates"]
         self._wanted += ["configmaps"] * config_maps + ["secrets"] * secrets + ["pods"] * pods
         self._pending = _Pending()
         self._loop: asyncio.AbstractEventLoop | None = None
