@@ -40,11 +40,15 @@ def _as_webhook(cluster: DevCluster) -> Any:
     return client.CoreV1Api(api)
 
 
-def test_the_view_needs_only_list_and_watch_of_four_kinds() -> None:
+def test_the_view_needs_only_list_and_watch_of_six_kinds() -> None:
     (role, _binding) = yaml.safe_load_all((VIEW / "rbac.yaml").read_text())
-    (rule,) = role["rules"]
-    assert set(rule["verbs"]) == {"list", "watch"}
-    assert set(rule["resources"]) == {"nodes", "namespaces", "resourcequotas", "configmaps"}
+    (core_rule, claim_rule) = role["rules"]
+    assert core_rule["apiGroups"] == [""]
+    assert set(core_rule["resources"]) == {"nodes", "namespaces", "resourcequotas", "configmaps"}
+    assert claim_rule["apiGroups"] == ["resource.k8s.io"]
+    assert set(claim_rule["resources"]) == {"resourceclaims", "resourceclaimtemplates"}
+    for rule in role["rules"]:
+        assert set(rule["verbs"]) == {"list", "watch"}
     kustomization = yaml.safe_load((VIEW / "kustomization.yaml").read_text())
     assert "secrets-rbac.yaml" not in kustomization["resources"]
 
@@ -66,6 +70,8 @@ async def test_the_view_syncs_as_the_service_account_and_no_secret_is_read(
         while not watch.view.synced:
             assert time.monotonic() < deadline, watch.status()
             await asyncio.sleep(0.1)
+        for kind in ("resourceclaims", "resourceclaimtemplates"):  # listed, not absent
+            assert "served" not in watch.status()["kinds"][kind]
         with pytest.raises(ApiException) as secrets:
             core.list_secret_for_all_namespaces(limit=1)
         assert secrets.value.status == 403

@@ -4,9 +4,11 @@ what the real one cannot be made to do on demand (a 410 Gone, going away mid-tes
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 import time
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -70,6 +72,34 @@ def test_a_config_map_without_a_watched_key_is_not_held() -> None:
     big = {"app.yaml": "x" * 100_000, "NVIDIA_VISIBLE_DEVICES": "all"}
     assert slim({"metadata": {"name": "a"}, "data": big}) == {"NVIDIA_VISIBLE_DEVICES": "all"}
     assert slim({"metadata": {"name": "b"}, "data": {"app.yaml": "x"}}) is None
+
+
+def _gpu_claim_spec() -> dict[str, Any]:
+    return {
+        "devices": {
+            "requests": [
+                {"name": "gpu", "exactly": {"deviceClassName": "gpu.nvidia.com"}},
+                {
+                    "name": "any",
+                    "firstAvailable": [
+                        {"name": "mig", "deviceClassName": "mig.nvidia.com"},
+                        {"name": "gpu", "deviceClassName": "gpu.nvidia.com"},
+                    ],
+                },
+            ]
+        }
+    }
+
+
+def test_claims_and_templates_are_held_as_their_device_classes_alone() -> None:
+    # As a list's items come: no kind, which the template's spec nesting depends on.
+    claim = {"metadata": {"namespace": "a", "name": "c"}, "spec": _gpu_claim_spec()}
+    template = {"metadata": {"namespace": "a", "name": "t"}, "spec": {"spec": _gpu_claim_spec()}}
+    assert kinds()["resourceclaims"].slim(claim) == ("gpu.nvidia.com", "mig.nvidia.com")
+    assert kinds()["resourceclaimtemplates"].slim(template) == ("gpu.nvidia.com", "mig.nvidia.com")
+    assert kinds()["resourceclaimtemplates"].key(template) == ("a", "t")
+    # A claim on no class decides as a missing one: nothing is held for it.
+    assert kinds()["resourceclaims"].slim({"metadata": {"name": "e"}, "spec": {}}) is None
 
 
 # ------------------------------------------------------------------ the real apiserver
@@ -180,6 +210,100 @@ async def test_view_follows_the_cluster_and_ignores_heartbeats(
             await task
 
 
+@pytest.mark.e2e
+async def test_view_holds_claims_and_templates_by_their_classes(
+    control_plane: DevCluster, core: Any
+) -> None:
+    from kubernetes import client
+
+    resource: Any = client.ResourceV1Api(control_plane.api_client())
+    core.create_namespace({"metadata": {"name": "watch-claims"}})
+    resource.create_namespaced_resource_claim(
+        "watch-claims", {"metadata": {"name": "gpu"}, "spec": _gpu_claim_spec()}
+    )
+    channel = {
+        "devices": {
+            "requests": [
+                {
+                    "name": "channel",
+                    "exactly": {"deviceClassName": "compute-domain-default-channel.nvidia.com"},
+                }
+            ]
+        }
+    }
+    resource.create_namespaced_resource_claim_template(
+        "watch-claims", {"metadata": {"name": "imex"}, "spec": {"spec": channel}}
+    )
+    watch = ClusterWatch(core, settings=FAST)
+    task = asyncio.create_task(watch.run())
+    try:
+        await until(lambda: watch.view.synced)
+        assert watch.view.resource_claims[("watch-claims", "gpu")] == (
+            "gpu.nvidia.com",
+            "mig.nvidia.com",
+        )
+        assert watch.view.claim_templates[("watch-claims", "imex")] == (
+            "compute-domain-default-channel.nvidia.com",
+        )
+        # Watched: a template written after the list arrives, one deleted goes.
+        resource.create_namespaced_resource_claim_template(
+            "watch-claims", {"metadata": {"name": "gpu"}, "spec": {"spec": _gpu_claim_spec()}}
+        )
+        resource.delete_namespaced_resource_claim("gpu", "watch-claims")
+        await until(
+            lambda: (
+                ("watch-claims", "gpu") in watch.view.claim_templates
+                and ("watch-claims", "gpu") not in watch.view.resource_claims
+            )
+        )
+        assert watch.status()["kinds"]["resourceclaims"]["listed"]
+        assert "served" not in watch.status()["kinds"]["resourceclaims"]
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+@pytest.mark.e2e
+async def test_claims_of_an_apiserver_without_resource_v1_are_none(
+    control_plane: DevCluster, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kube-apiserver before 1.34 serves no resource.k8s.io/v1; so does one with it off."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    cluster = DevCluster(
+        workdir=tmp_path,
+        bin_dir=control_plane.bin_dir,
+        policy=Path(os.devnull),
+        apiserver_args=("--runtime-config=resource.k8s.io/v1=false",),
+    )
+    caplog.set_level("INFO", logger="webhook.cluster.watch")
+    try:
+        cluster.start_control_plane()
+        core: Any = client.CoreV1Api(cluster.api_client())
+        with pytest.raises(ApiException) as absent:
+            client.ResourceV1Api(cluster.api_client()).list_resource_claim_for_all_namespaces()
+        assert absent.value.status == 404  # the test means something
+        watch = ClusterWatch(core, settings=FAST)
+        task = asyncio.create_task(watch.run())
+        try:
+            await until(lambda: watch.view.synced)
+            kinds_status = watch.status()["kinds"]
+            for kind in ("resourceclaims", "resourceclaimtemplates"):
+                assert kinds_status[kind]["served"] is False, kinds_status
+                assert "error" not in kinds_status[kind]
+            assert kinds_status["nodes"]["listed"]
+            said = [r for r in caplog.records if "not served by this apiserver" in r.message]
+            assert len(said) == 2, said
+        finally:
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+    finally:
+        cluster.stop()
+
+
 async def test_unreachable_api_never_syncs_and_says_why() -> None:
     from kubernetes import client
 
@@ -211,11 +335,26 @@ class FakeApi:
         self.watch_events: dict[str, list[dict[str, Any]]] = {}
         self.lists: dict[str, int] = {}
         self.up = True
+        self.resource_served = False
 
     def app(self) -> web.Application:
         app = web.Application()
         app.router.add_get("/api/v1/{kind}", self.handle)
+        app.router.add_get("/apis/resource.k8s.io/v1/{kind}", self.handle_resource)
         return app
+
+    async def handle_resource(self, request: web.Request) -> web.StreamResponse:
+        """resource.k8s.io/v1, where the test serves it; else a 404 with a Status, as a
+        kube-apiserver that does not serve the group answers (the real one, with the group
+        switched off, in test_claims_of_an_apiserver_without_resource_v1_are_none)."""
+        if not self.resource_served:
+            kind = request.match_info["kind"]
+            self.lists[kind] = self.lists.get(kind, 0) + 1
+            return web.json_response(
+                {"kind": "Status", "status": "Failure", "reason": "NotFound", "code": 404},
+                status=404,
+            )
+        return await self.handle(request)
 
     async def handle(self, request: web.Request) -> web.StreamResponse:
         kind = request.match_info["kind"]
@@ -301,6 +440,44 @@ async def test_view_goes_stale_when_the_api_goes_away_and_recovers(
         assert watch.age() > settings.stale_after
         api.up = True
         await until(lambda: watch.view.synced, within=10)
+    finally:
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+
+async def test_claims_not_served_are_none_held_synced_and_looked_for_again(
+    fake: tuple[FakeApi, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    api, core = fake
+    api.items["nodes"] = [_gpu_node("a")]
+    settings = Settings(publish_delay=0.05, backoff_base=0.05, read_timeout=0.5, resync=0.5)
+    watch = ClusterWatch(core, settings=settings)
+    task = asyncio.create_task(watch.run())
+    caplog.set_level("INFO", logger="webhook.cluster.watch")
+    try:
+        await until(lambda: watch.view.synced)
+        status = watch.status()["kinds"]
+        for kind in ("resourceclaims", "resourceclaimtemplates"):
+            assert status[kind]["listed"] and status[kind]["served"] is False
+            assert "error" not in status[kind]
+        # Looked for again at each resync, and said once.
+        await until(lambda: api.lists.get("resourceclaimtemplates", 0) >= 3)
+        said = [r for r in caplog.records if "resourceclaimtemplates: not served" in r.message]
+        assert len(said) == 1, said
+        assert watch.view.synced and watch.age() < 1.0
+
+        # An apiserver upgraded to serve it: the next look finds the template.
+        template = {
+            "metadata": {"namespace": "t", "name": "gpu", "resourceVersion": "12"},
+            "spec": {"spec": _gpu_claim_spec()},
+        }
+        api.items["resourceclaimtemplates"] = [template]
+        api.resource_served = True
+        await until(lambda: ("t", "gpu") in watch.view.claim_templates)
+        assert watch.view.claim_templates[("t", "gpu")] == ("gpu.nvidia.com", "mig.nvidia.com")
+        assert "served" not in watch.status()["kinds"]["resourceclaimtemplates"]
+        assert watch.view.synced
     finally:
         task.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -289,6 +289,58 @@ def test_gpumem_on_a_mig_pool_becomes_a_mig_profile(
     assert "CUDA_DEVICE_MEMORY_LIMIT_0" not in env_of(sent)
 
 
+def _claim_template(name: str, device_class: str) -> Obj:
+    request = {"name": "dev", "exactly": {"deviceClassName": device_class}}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceClaimTemplate",
+        "metadata": {"name": name},
+        "spec": {"spec": {"devices": {"requests": [request]}}},
+    }
+
+
+def test_a_sharing_pod_naming_a_gpu_claim_template_is_refused_once_the_view_has_it(
+    cluster: DevCluster, api: Api, pool: None
+) -> None:
+    """The template is admitted where dra.allowedNamespaces lets GPU claims be written;
+    a pod there with GPU-sharing resources that takes it would hold whole GPUs beside
+    its slices, which only the view's templates show."""
+
+    def claims_allowed(document: Obj) -> None:
+        document["spec"]["dra"]["allowedNamespaces"] = [TEAM]
+
+    def taking(name: str, template: str) -> Obj:
+        claims = [{"name": "dev", "resourceClaimTemplateName": template}]
+        return _pod(name, {"nvidia.com/gpumem": "1000"}, resourceClaims=claims)
+
+    with swapped_policy(cluster, claims_allowed):
+        for name, device_class in (
+            ("whole-gpu", "gpu.nvidia.com"),
+            ("imex", "compute-domain-default-channel.nvidia.com"),
+        ):
+            template = _claim_template(name, device_class)
+
+            def write(template: Obj = template) -> Sent:
+                return api.create("ResourceClaimTemplate", TEAM, template, dry_run=False)
+
+            sent = eventually(write, lambda s: s.status == 201)
+            assert sent.status == 201, sent.body
+        sent = eventually(
+            lambda: api.create("Pod", TEAM, taking("gpu-claim", "whole-gpu")),
+            lambda s: s.status == 403,
+        )
+        assert sent.status == 403, sent.body
+        assert "gpu-claim" in message(sent), message(sent)
+        assert 'ResourceClaimTemplate "whole-gpu"' in message(sent)
+        assert 'device class "gpu.nvidia.com"' in message(sent)
+        # The view has both templates now: the IMEX channel is no GPU claim.
+        imex = api.create("Pod", TEAM, taking("imex-claim", "imex"))
+        assert imex.status == 201, imex.body
+    assert cluster.webhook is not None
+    kinds = cluster.webhook.readyz()["cluster"]["kinds"]
+    assert kinds["resourceclaimtemplates"]["objects"] >= 2, kinds
+
+
 # ---------------------------------------------------------------- the view unsynced
 
 

@@ -250,3 +250,27 @@ def test_pods_let_in_without_the_webhooks_are_reported_and_the_cap_holds(
     assert fixed.status == 200, fixed.body
     body = waited(lambda: report(custom, namespace), lambda b: len(failing(b)) == 1)
     assert failing(body) == {("raw", "unmutated-gpu-pod")}, body
+
+
+def test_a_sharing_pod_whose_claim_template_turns_up_on_a_gpu_class_is_reported(
+    cluster: DevCluster, api: Api, custom: Any, namespace: str
+) -> None:
+    """Admitted while its template did not exist (nothing to judge); the template then
+    written while the webhooks were down: the running pod takes whole GPUs beside its
+    slices, which only the view's templates show."""
+    from kubernetes import client
+
+    pod = with_memory("late-claim", 2000)
+    pod["spec"]["resourceClaims"] = [{"name": "dev", "resourceClaimTemplateName": "late"}]
+    created(api, namespace, pod)
+    time.sleep(3)
+    assert report(custom, namespace) is None
+    resource: Any = client.ResourceV1Api(cluster.api_client())
+    request = {"name": "dev", "exactly": {"deviceClassName": "gpu.nvidia.com"}}
+    with webhooks_down(cluster):
+        resource.create_namespaced_resource_claim_template(
+            namespace,
+            {"metadata": {"name": "late"}, "spec": {"spec": {"devices": {"requests": [request]}}}},
+        )
+    body = waited(lambda: report(custom, namespace), lambda b: bool(failing(b)))
+    assert failing(body) == {("late-claim", "gpu-claim")}, body

@@ -49,6 +49,8 @@ class Version:
     env: str
     # Served by default as admissionregistration.k8s.io/v1: GA in 1.36 (KEP-3962).
     mutating_policies: bool
+    # resource.k8s.io/v1 (ResourceClaims, templates): GA in 1.34 (KEP-4381).
+    resource_claims: bool
 
     @property
     def build_args(self) -> list[str]:
@@ -56,10 +58,10 @@ class Version:
 
 
 VERSIONS: Final = (
-    Version("1.30", "GPUSHARE_TESTBIN_1_30", mutating_policies=False),
-    Version("1.34", "GPUSHARE_TESTBIN_1_34", mutating_policies=False),
-    Version("1.36", "GPUSHARE_TESTBIN", mutating_policies=True),
-    Version("1.37", "GPUSHARE_TESTBIN_1_37", mutating_policies=True),
+    Version("1.30", "GPUSHARE_TESTBIN_1_30", mutating_policies=False, resource_claims=False),
+    Version("1.34", "GPUSHARE_TESTBIN_1_34", mutating_policies=False, resource_claims=True),
+    Version("1.36", "GPUSHARE_TESTBIN", mutating_policies=True, resource_claims=True),
+    Version("1.37", "GPUSHARE_TESTBIN_1_37", mutating_policies=True, resource_claims=True),
 )
 
 
@@ -198,6 +200,23 @@ def test_the_apiserver_is_the_version_it_stands_for(version: Version, api: Api) 
     response = api.http.request("GET", f"{api.server}/version", headers=api.headers)
     served = response.json()
     assert f"{served['major']}.{served['minor']}" == version.minor, served
+
+
+def test_the_cluster_view_syncs_with_claims_where_served(
+    version: Version, versioned: DevCluster
+) -> None:
+    """``serve --cluster`` watches ResourceClaims and templates where the apiserver serves
+    resource.k8s.io/v1; where it does not, the 404 leaves the view synced, none held."""
+    webhook = versioned.webhook
+    assert webhook is not None
+    deadline = time.monotonic() + LOAD_TIMEOUT
+    while not (status := webhook.readyz()["cluster"])["synced"]:
+        assert time.monotonic() < deadline, status
+        time.sleep(0.2)
+    for kind in ("resourceclaims", "resourceclaimtemplates"):
+        entry = status["kinds"][kind]
+        assert entry["listed"] and "error" not in entry, status
+        assert entry.get("served", True) is version.resource_claims, status
 
 
 def without_webhook(cluster: DevCluster) -> None:

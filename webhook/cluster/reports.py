@@ -68,8 +68,9 @@ class ReportSettings:
     interval: float = 10.0
     # Pods judged between two turns of the event loop in a full scan (~10 ms).
     batch: int = 300
-    # A change of Node or Namespace facts rejudges every pod at most this often (a full
-    # scan of 50,000 pods is ~1.4 s of CPU; an autoscaling cluster changes nodes often).
+    # A change of Node, Namespace or claim facts (a ResourceClaim or template's device
+    # classes) rejudges every pod at most this often (a full scan of 50,000 pods is
+    # ~1.4 s of CPU; an autoscaling cluster changes nodes often, a DRA one claims).
     # A new policy rejudges them at the next pass.
     rescan: float = 60.0
     request_timeout: float = 10.0
@@ -128,8 +129,9 @@ class ReportKeeper:
             self._dirty.add(key)
         elif kind in ("configmaps", "secrets"):
             self._data_dirty = True
-        elif kind in ("nodes", "namespaces"):
-            # Every pod is judged with them (node fit, Pod Security of mps).
+        elif kind in ("nodes", "namespaces", "resourceclaims", "resourceclaimtemplates"):
+            # Every pod is judged with them (node fit, Pod Security of mps, gpu-claim of a
+            # pod that names a claim or template by name).
             self._stale_view = True
 
     def results(self, namespace: str) -> list[Result]:

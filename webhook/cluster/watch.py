@@ -1,12 +1,15 @@
 """The watched, read-only cluster view behind ``serve --cluster``.
 
 One daemon thread per kind (Nodes, Namespaces, ResourceQuotas, ConfigMaps, and Secrets
-when the policy opts in) lists with pagination and then watches from the list's
+when the policy opts in; ResourceClaims and ResourceClaimTemplates of resource.k8s.io/v1,
+where the apiserver serves it) lists with pagination and then watches from the list's
 resourceVersion with the ``kubernetes`` client, reading the raw JSON stream (the
 client's model classes cost ~1 ms per Node; orjson and the core's facts functions a
 few tens of us). A 410 Gone relists; any other failure retries after an exponential
 backoff with full jitter; every ``resync`` seconds the kind is relisted anyway, which
-also repairs anything a watch could have missed.
+also repairs anything a watch could have missed. A kind the apiserver does not serve
+(resource.k8s.io/v1 before Kubernetes 1.34, or switched off) answers its list with 404: it
+counts as listed and empty, and is listed again every ``resync`` seconds.
 
 Each thread turns objects into the core's slim facts, compares them with what it
 published last (its own ``shadow`` dict, touched by that thread only) and hands only
@@ -45,6 +48,7 @@ from urllib3.exceptions import ReadTimeoutError
 from webhook.core.cluster import (
     ClusterView,
     QuotaFacts,
+    claim_facts,
     config_map_data,
     namespace_facts,
     node_facts,
@@ -136,15 +140,31 @@ def _filtered(
     return slim
 
 
+def _claim_classes(kind: str) -> Slim:
+    """The device classes of a ResourceClaim or ResourceClaimTemplate (the core's
+    claim_facts); None (not stored) for one on no class, which decides as a missing one.
+    A list's items carry no ``kind``, which claim_facts reads to find a template's spec."""
+
+    def slim(obj: Mapping[str, Any]) -> tuple[str, ...] | None:
+        classes = claim_facts({**obj, "kind": kind})
+        return tuple(sys.intern(name) for name in classes) or None
+
+    return slim
+
+
 @dataclass(frozen=True, slots=True)
 class Kind:
-    """One watched resource: the ``CoreV1Api`` list call, the key, the slim facts."""
+    """One watched resource: its API group's client (a ``kubernetes.client`` class name)
+    and that client's list call, the key, the slim facts. ``optional``: a kind that some
+    apiservers do not serve, whose 404 means "none here"."""
 
     name: str
     method: str
     key: Callable[[Mapping[str, Any]], Key]
     slim: Slim
     field_selector: str | None = None
+    api: str = "CoreV1Api"
+    optional: bool = False
 
 
 def kinds(*, keep_key: Callable[[str], bool] | None = None) -> dict[str, Kind]:
@@ -170,6 +190,22 @@ def kinds(*, keep_key: Callable[[str], bool] | None = None) -> dict[str, Kind]:
                 _filtered(secret_data, keep),
             ),
             Kind("pods", "list_pod_for_all_namespaces", _pod_key, pod_facts, ACTIVE_PODS),
+            Kind(
+                "resourceclaims",
+                "list_resource_claim_for_all_namespaces",
+                _namespaced,
+                _claim_classes("ResourceClaim"),
+                api="ResourceV1Api",
+                optional=True,
+            ),
+            Kind(
+                "resourceclaimtemplates",
+                "list_resource_claim_template_for_all_namespaces",
+                _namespaced,
+                _claim_classes("ResourceClaimTemplate"),
+                api="ResourceV1Api",
+                optional=True,
+            ),
         )
     }
 
@@ -279,6 +315,8 @@ class Reflector:
         self.last_ok: float | None = None
         self.last_list: float | None = None
         self.error: str | None = None
+        # An optional kind the apiserver answered 404 for: listed, empty, never stale.
+        self.absent = False
 
     # ------------------------------------------------------------------ the thread
 
@@ -303,6 +341,9 @@ class Reflector:
             try:
                 if self.resource_version is None or self._resync_due():
                     self._list()
+                if self.absent:  # nothing to watch: look again at the next resync
+                    self._stop.wait(self.settings.resync)
+                    continue
                 self._watch()
             except Gone:
                 log.info("cluster view: %s: resourceVersion expired, relisting", self.kind.name)
@@ -313,6 +354,8 @@ class Reflector:
                     return
                 self.error = describe(exc)
                 self._on_event(self.kind.name, "error")
+                if self.kind.optional and getattr(exc, "status", None) == 404:
+                    self.resource_version = None  # served no more: the list says so
                 delay = self._backoff.next()
                 log.warning(
                     "cluster view: %s: %s; retrying in %.1fs", self.kind.name, self.error, delay
@@ -346,6 +389,9 @@ class Reflector:
             except Exception as exc:
                 if getattr(exc, "status", None) == 410:  # the continue token expired
                     raise Gone from None
+                if getattr(exc, "status", None) == 404 and self.kind.optional and cont is None:
+                    self._absent()
+                    return
                 raise
             body = orjson.loads(response.data)
             for obj in body.get("items") or ():
@@ -371,6 +417,30 @@ class Reflector:
         self._publish(self.kind.name, changes, True)
         self.resource_version = version or None
         self.last_list = time.monotonic()
+        self.listed = True
+        self._backoff.reset()
+        if self.absent:
+            self.absent = False
+            log.info("cluster view: %s: now served, watching", self.kind.name)
+
+    def _absent(self) -> None:
+        """The apiserver does not serve the kind: it holds none, which is known, not
+        stale (decisions then find no such object, as in a cluster that has none)."""
+        if not self.absent:
+            log.info(
+                "cluster view: %s: not served by this apiserver (404), none held; "
+                "listing again every %.0fs",
+                self.kind.name,
+                self.settings.resync,
+            )
+        changes: list[Change] = [(key, None) for key in self.shadow]
+        self.shadow = {}
+        self._ok()
+        self._on_event(self.kind.name, "resync" if self.listed else "list")
+        self._publish(self.kind.name, changes, True)
+        self.resource_version = None
+        self.last_list = time.monotonic()
+        self.absent = True
         self.listed = True
         self._backoff.reset()
 
@@ -436,7 +506,8 @@ class _Pending:
 class ClusterWatch:
     """The per-kind dicts behind the published :attr:`view`, and the threads that fill them.
 
-    ``api`` is a ``kubernetes`` ``CoreV1Api`` (or anything with its list methods).
+    ``api`` is a ``kubernetes`` ``CoreV1Api`` (or anything with its list methods); a kind
+    of another API group is listed with that group's client over ``api.api_client``.
     """
 
     def __init__(
@@ -465,6 +536,10 @@ class ClusterWatch:
         # Running and pending pods as the scan reads them (webhook.core.scan.pod_facts),
         # for reports only: no admission decision reads them.
         self.pods: dict[tuple[str, str], bytes] = {}
+        # (namespace, name) -> device classes (claim_facts): what a pod naming the claim
+        # or template in spec.resourceClaims gets.
+        self.resource_claims: dict[tuple[str, str], tuple[str, ...]] = {}
+        self.claim_templates: dict[tuple[str, str], tuple[str, ...]] = {}
         # Called on the loop with (kind, key) for every change applied.
         self.listeners: list[Callable[[str, Key], None]] = []
         self._quota_items: dict[str, dict[str, QuotaFacts]] = {}
@@ -474,6 +549,8 @@ class ClusterWatch:
             "configmaps": self.config_maps,
             "secrets": self.secrets,
             "pods": self.pods,
+            "resourceclaims": self.resource_claims,
+            "resourceclaimtemplates": self.claim_templates,
         }
         self._stores["resourcequotas"] = self.quotas
         # The read-only face of each dict in the published view: a new one only for a
@@ -484,7 +561,9 @@ class ClusterWatch:
         }
         self._changed: set[str] = set()
         self._reflectors: dict[str, Reflector] = {}
+        self._clients: dict[str, Any] = {"CoreV1Api": api}
         self._wanted = ["nodes", "namespaces", "resourcequotas"]
+        self._wanted += ["resourceclaims", "resourceclaimtemplates"]
         self._wanted += ["configmaps"] * config_maps + ["secrets"] * secrets + ["pods"] * pods
         self._pending = _Pending()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -514,15 +593,24 @@ class ClusterWatch:
             reflector.stop()
 
     def _start(self, name: str) -> None:
+        kind = self._kinds[name]
         reflector = Reflector(
-            self._kinds[name],
-            self._api,
+            kind,
+            self._client(kind.api),
             self._handover,
             self.settings,
             on_event=self._event,
         )
         self._reflectors[name] = reflector
         reflector.start()
+
+    def _client(self, name: str) -> Any:
+        """The API group client ``name`` over the same ApiClient as ``api``."""
+        if name not in self._clients:
+            from kubernetes import client
+
+            self._clients[name] = getattr(client, name)(self._api.api_client)
+        return self._clients[name]
 
     def want(self, kind: str, enabled: bool) -> None:
         """Watch ``configmaps`` or ``secrets`` (or stop, and forget them) as the policy
@@ -549,7 +637,16 @@ class ClusterWatch:
 
     @property
     def kind_names(self) -> tuple[str, ...]:
-        return ("nodes", "namespaces", "resourcequotas", "configmaps", "secrets", "pods")
+        return (
+            "nodes",
+            "namespaces",
+            "resourcequotas",
+            "configmaps",
+            "secrets",
+            "pods",
+            "resourceclaims",
+            "resourceclaimtemplates",
+        )
 
     # ------------------------------------------------------------------ thread -> loop
 
@@ -639,6 +736,8 @@ class ClusterWatch:
             quotas=faces["resourcequotas"],
             config_maps=faces["configmaps"],
             secrets=faces["secrets"],
+            resource_claims=faces["resourceclaims"],
+            claim_templates=faces["resourceclaimtemplates"],
             synced=self._synced,
         )
 
@@ -649,6 +748,8 @@ class ClusterWatch:
             reflector = self._reflectors.get(name)
             if reflector is None or not reflector.listed or reflector.last_ok is None:
                 return False
+            if reflector.absent:
+                continue
             if now - reflector.last_ok > self.settings.stale_after:
                 return False
         return True
@@ -676,6 +777,8 @@ class ClusterWatch:
             "configmaps": len(self.config_maps),
             "secrets": len(self.secrets),
             "pods": len(self.pods),
+            "resourceclaims": len(self.resource_claims),
+            "resourceclaimtemplates": len(self.claim_templates),
         }
 
     def listed(self, kind: str) -> bool:
@@ -683,6 +786,8 @@ class ClusterWatch:
         reflector = self._reflectors.get(kind)
         if reflector is None or not reflector.listed or reflector.last_ok is None:
             return False
+        if reflector.absent:
+            return True
         return time.monotonic() - reflector.last_ok <= self.settings.stale_after
 
     def age(self) -> float:
@@ -692,6 +797,8 @@ class ClusterWatch:
         oldest = now
         for name in self._wanted:
             reflector = self._reflectors.get(name)
+            if reflector is not None and reflector.absent:
+                continue  # not served: nothing to hear from
             last = reflector.last_ok if reflector is not None else None
             oldest = min(oldest, last if last is not None else (self.started or now))
         return now - oldest
@@ -709,6 +816,8 @@ class ClusterWatch:
                 "objects": counts[name],
                 "age_seconds": None if last is None else round(now - last, 1),
             }
+            if reflector is not None and reflector.absent:
+                entry["served"] = False
             if reflector is not None and reflector.error:
                 entry["error"] = reflector.error
             kinds_status[name] = entry
