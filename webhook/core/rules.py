@@ -442,6 +442,25 @@ def variable_findings(
             yield Finding("limit-tampering", f"{label}: {name}{shown}{source} {why}; remove it")
 
 
+# What _reached says of a path with a '..' segment beside anything the GPU stack reads.
+_BACKSTEP: Final = ".."
+
+
+def _reached(target: str, reads: ReadPaths) -> str | None:
+    """What a container path ``target`` reaches of what the GPU stack reads: nothing
+    (None: it names neither the device-request mark nor a read path's name, the cheap
+    test nearly every path fails), :data:`_BACKSTEP`, or what :func:`_shadowed` says. The
+    toolkit and the runtime clean a path; the in-apiserver policies cannot (CEL has no
+    path resolution) and judge pods no webhook sees on 1.36+, so a '..' beside anything
+    the stack reads is refused wherever it leads."""
+    segments = target.split("/")
+    if DEVICE_REQUEST_MARK not in target and reads.names.isdisjoint(segments):
+        return None
+    if _BACKSTEP in segments:
+        return _BACKSTEP
+    return _shadowed(target, reads)
+
+
 def _shadowed(target: str, reads: ReadPaths) -> str | None:
     """What the GPU stack reads that a mount at ``target`` (which holds a read path's
     last component or the device-request mark) shadows, or None."""
@@ -551,20 +570,12 @@ def _mount_findings(
 ) -> list[Finding]:
     # A list, not a generator: it runs for every container and nearly always finds nothing.
     found: list[Finding] = []
-    names = reads.names
     for mount in mounts:
         if not isinstance(mount, MAPPINGS):
             continue
         target = mount.get("mountPath")
-        segments = target.split("/") if isinstance(target, str) else ()
-        named = isinstance(target, str) and (
-            DEVICE_REQUEST_MARK in target or not names.isdisjoint(segments)
-        )
-        shadowed = _shadowed(target, reads) if named and isinstance(target, str) else None
-        if named and ".." in segments:
-            # The toolkit and the runtime clean the path; the in-apiserver policies cannot
-            # (CEL has no path resolution) and judge pods no webhook sees on 1.36+. So a
-            # '..' beside anything the GPU stack reads is refused wherever it leads.
+        shadowed = _reached(target, reads) if isinstance(target, str) else None
+        if shadowed == _BACKSTEP:
             found.append(
                 Finding(
                     "host-device-access",
@@ -789,12 +800,7 @@ def _device_findings(
         if not isinstance(device, MAPPINGS):
             continue
         target = device.get("devicePath")
-        if not isinstance(target, str):
-            continue
-        segments = target.split("/")
-        if DEVICE_REQUEST_MARK not in target and reads.names.isdisjoint(segments):
-            continue
-        if ".." in segments or _shadowed(target, reads) is not None:
+        if isinstance(target, str) and _reached(target, reads) is not None:
             yield Finding(
                 "host-device-access",
                 f"{_label(kind, container)}: a block device at {target} replaces what the "

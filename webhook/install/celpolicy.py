@@ -1124,10 +1124,11 @@ def _host_paths(policy: Policy, containers: str, gpu: str, spec: str) -> str:
     )
 
 
-def _device_shadow(policy: Policy, device: str) -> str:
-    """``rules._device_findings``: a block device at (or, by ``..``, beside) a path the GPU
-    stack reads, or at a device request; none is ever injected."""
-    target = f"{device}.devicePath"
+def _path_tests(policy: Policy, target: str) -> tuple[str, str, str]:
+    """For the CEL string path ``target`` (``q``: it normalised): it asks the NVIDIA
+    runtime for devices (its root a string prefix, raw or cleaned); it lies at or below a
+    path the GPU stack reads; it names the device-request mark or a read path's name (what
+    a path with ``..``, which CEL cannot resolve, is refused for)."""
     requests = " || ".join(
         f"{v}.startsWith({literal(d)})" for v in (target, "q") for d in _DEVICE_REQUEST_DIRS
     )
@@ -1137,6 +1138,14 @@ def _device_shadow(policy: Policy, device: str) -> str:
         f"{target}.contains({literal(DEVICE_REQUEST_MARK)}) || "
         f"{target}.split('/').exists(s, s in {_list(sorted(paths.names))})"
     )
+    return requests, reads, named
+
+
+def _device_shadow(policy: Policy, device: str) -> str:
+    """``rules._device_findings``: a block device at (or, by ``..``, beside) a path the GPU
+    stack reads, or at a device request; none is ever injected."""
+    target = f"{device}.devicePath"
+    requests, reads, named = _path_tests(policy, target)
     return (
         f"has({target}) && ({named}) && ({target}.split('/').exists(s, s == '..') || "
         f"[{_normalised(target)}].exists(q, {requests} || {reads}))"
@@ -1144,21 +1153,13 @@ def _device_shadow(policy: Policy, device: str) -> str:
 
 
 def _shadow(policy: Policy, mount: str) -> str:
-    """``rules._mount_findings``' paths: ``mount`` asks the NVIDIA runtime for devices (its
-    root a string prefix of the destination, raw or cleaned), or lies at or below a path
-    the GPU stack reads inside the container and is not a mount the mutation injects. A
-    mountPath may hold ``..`` (the apiserver allows it there), which CEL cannot resolve:
-    one beside the device-request mark or a read path's name is refused wherever it leads."""
+    """``rules._mount_findings``' paths: ``mount`` asks the NVIDIA runtime for devices, or
+    lies at or below a path the GPU stack reads inside the container and is not a mount
+    the mutation injects. A mountPath may hold ``..`` (the apiserver allows it there),
+    which CEL cannot resolve: one beside the device-request mark or a read path's name is
+    refused wherever it leads."""
     target = f"{mount}.mountPath"
-    requests = " || ".join(
-        f"{v}.startsWith({literal(d)})" for v in (target, "q") for d in _DEVICE_REQUEST_DIRS
-    )
-    paths = read_paths(policy)
-    reads = _reaching("q", paths.roots, parents=False)
-    named = (
-        f"{target}.contains({literal(DEVICE_REQUEST_MARK)}) || "
-        f"{target}.split('/').exists(s, s in {_list(sorted(paths.names))})"
-    )
+    requests, reads, named = _path_tests(policy, target)
     return (
         f"has({target}) && ({target}.split('/').exists(s, s == '..') ? ({named}) : "
         f"[{_normalised(target)}].exists(q, {requests} || "
