@@ -392,7 +392,8 @@ def test_mode_conflict_renders_the_policys_namespaces_per_mode() -> None:
     default = celpolicy.rule_expressions(DEFAULT_POLICY)["mode-conflict"]
     assert "request.namespace" not in default
     # The percentage an mps pod cannot be capped by without the cluster view.
-    assert "nvidia.com/gpumem-percentage" in default
+    assert "variables.mode == 'mps' && (variables.mainAsks + variables.initAsks)" in default
+    assert "a['pct'] > 0 && a['m'] == 0" in default
 
 
 def test_unmutated_gpu_pod_asks_for_what_the_policys_mutation_injects() -> None:

@@ -137,6 +137,7 @@ from webhook.core.env import (
     SPELLED_PREFIXES,
     Channel,
     ContainerClass,
+    channel_of,
 )
 from webhook.core.injection import (
     LIBRARY_PATH,
@@ -251,9 +252,20 @@ _RESOURCE_RULES: Final = (
 # What Python's str.strip() drops (str.isspace()), which the core strips from env and
 # annotation values. CEL's trim() keeps \x1c-\x1f, so values are matched with this class
 # around the words instead of trimmed.
-_SPACE: Final = (
-    "[" + "".join(f"\\x{{{code:x}}}" for code in range(0x3001) if chr(code).isspace()) + "]"
-)
+def _ranges(codes: Iterable[int]) -> str:
+    """An RE2 class body of ``codes`` (ascending), runs as ranges."""
+    runs: list[list[int]] = []
+    for code in codes:
+        if runs and runs[-1][1] == code - 1:
+            runs[-1][1] = code
+        else:
+            runs.append([code, code])
+    return "".join(
+        f"\\x{{{low:x}}}" + (f"-\\x{{{high:x}}}" if high > low else "") for low, high in runs
+    )
+
+
+_SPACE: Final = "[" + _ranges(code for code in range(0x3001) if chr(code).isspace()) + "]"
 
 
 def _stripped_in(value: str, words: Iterable[str]) -> str:
@@ -464,11 +476,6 @@ def _sharing_test(policy: Policy) -> str:
     return f"({listed}) && !({_mig_test(policy)})"
 
 
-def _sharing(policy: Policy, containers: str) -> str:
-    """A shared GPU (``PodRequests.sharing``): a resource of the policy that is not MIG."""
-    return _requests(policy, containers, _sharing_test(policy))
-
-
 def _mig(policy: Policy, containers: str) -> str:
     """A MIG instance (``PodRequests.mig``)."""
     return _requests(policy, containers, _mig_test(policy))
@@ -548,6 +555,12 @@ def variables(policy: Policy) -> list[Obj]:
             "expression": f"variables.containers.filter(c, {vacant(policy, 'c')}).map(c, c.name)",
         },
         {"name": "gpu", "expression": gpu_test(policy, "variables.containers")},
+        # Each container's class, by name, read once (names are unique across a pod's
+        # containers, and a pod update changes no container's name or resources, so the
+        # old pod's containers are looked up here too, as in variables.vacant).
+        {"name": "asking", "expression": _names_of(_asks_for_gpu(policy, "c"))},
+        {"name": "slices", "expression": _names_of(_slice(policy, "c"))},
+        {"name": "sharers", "expression": _names_of(_shares(policy, "c"))},
         {
             "name": "created",
             "expression": "request.kind.kind != 'Pod' || request.operation == 'CREATE'",
@@ -562,7 +575,7 @@ def variables(policy: Policy) -> list[Obj]:
         {"name": "oldGpu", "expression": gpu_test(policy, "variables.oldContainers")},
         {"name": "annotations", "expression": _annotations("variables.meta")},
         {"name": "oldAnnotations", "expression": _annotations("variables.oldMeta")},
-        {"name": "sharing", "expression": _sharing(policy, "variables.containers")},
+        {"name": "sharing", "expression": "size(variables.sharers) > 0"},
         {"name": "mig", "expression": _mig(policy, "variables.containers")},
         {"name": "chosenMode", "expression": _mode(policy)},
         {"name": "dynamicMig", "expression": _dynamic_mig(policy)},
@@ -571,6 +584,11 @@ def variables(policy: Policy) -> list[Obj]:
         {"name": "mode", "expression": "variables.whole ? 'none' : variables.chosenMode"},
         {"name": "library", "expression": _library(policy)},
     ]
+
+
+def _names_of(test: str) -> str:
+    """The names of the object's containers ``c`` that pass ``test``."""
+    return f"variables.containers.filter(c, {test}).map(c, c.name)"
 
 
 def _library(policy: Policy) -> str:
@@ -750,6 +768,20 @@ def _node_name(containers: str, gpu: str, spec: str) -> str:
 
 
 def asks_for_gpu(policy: Policy, c: str) -> str:
+    """``resources.asks_for_gpu`` of container ``c`` (one of ``variables.asking``)."""
+    return f"{c}.name in variables.asking"
+
+
+def shares(policy: Policy, c: str) -> str:
+    """Container ``c`` asks for a shared GPU resource (one of ``variables.sharers``)."""
+    return f"{c}.name in variables.sharers"
+
+
+def _shares(policy: Policy, c: str) -> str:
+    return asks_test(c, _sharing_test(policy), policy=policy)
+
+
+def _asks_for_gpu(policy: Policy, c: str) -> str:
     """``resources.asks_for_gpu`` of container ``c``: a claim, a resource of the policy or
     a MIG instance (unless it is :func:`vacant`), a resource whose name says gpu."""
     gpu = _gpu_resource(policy)
@@ -807,6 +839,11 @@ def _managed(name: str, *, mps_client: str | None) -> str:
 
 
 def slice_test(policy: Policy, c: str) -> str:
+    """Container ``c`` asks for part of a GPU (one of ``variables.slices``)."""
+    return f"{c}.name in variables.slices"
+
+
+def _slice(policy: Policy, c: str) -> str:
     """Container ``c`` asks for part of a GPU (``rules.container_class`` 'slice')."""
     parts = sorted(policy.gpu_resources - policy.priority_resources - policy.whole_gpu_resources)
     listed = [f"r in {_list(parts)}"] if parts else []
@@ -835,20 +872,38 @@ def _allowance_test(allowance: EnvAllowance, value: str, opaque: str) -> str:
     return "true"
 
 
-def env_admitted(policy: Policy, name: str, value: str, opaque: str, klass: ContainerClass) -> str:
+def env_admitted(
+    policy: Policy,
+    name: str,
+    value: str,
+    opaque: str,
+    klass: ContainerClass | None,
+    *,
+    channel: Channel | None = None,
+) -> str:
     """``Policy.env_admits`` of the CEL strings ``name`` = ``value`` (unknown where
-    ``opaque`` holds) in a container of class ``klass``: the entries naming it exactly
-    decide, else those of its longest prefix; an entry for other classes admits nothing."""
+    ``opaque`` holds) in a container of class ``klass`` (None: the class is the CEL string
+    ``k``): the entries naming it exactly decide, else those of its longest prefix; an
+    entry for other classes admits nothing. With ``channel``, ``name`` is one of its names,
+    so an entry naming another channel's name decides nothing."""
     exact: dict[str, list[EnvAllowance]] = {}
     prefixed: dict[str, list[EnvAllowance]] = {}
     for allowance in policy.env_allowances:
-        group = prefixed if allowance.prefix else exact
-        group.setdefault(allowance.name.rstrip("*"), []).append(allowance)
+        bare = allowance.name.rstrip("*")
+        if allowance.prefix:
+            prefixed.setdefault(bare, []).append(allowance)
+        elif channel is None or channel_of(bare) == channel:
+            exact.setdefault(bare, []).append(allowance)
+
+    def admits(allowance: EnvAllowance) -> str:
+        test = _allowance_test(allowance, value, opaque)
+        if klass is not None or set(allowance.containers) >= set(CONTAINER_CLASSES):
+            return f"({test})"
+        classes = [k for k in CONTAINER_CLASSES if k in allowance.containers]
+        return f"(k in {_list(classes)} && {test})" if test != "true" else f"k in {_list(classes)}"
 
     def any_of(allowances: list[EnvAllowance]) -> str:
-        tests = [
-            f"({_allowance_test(a, value, opaque)})" for a in allowances if klass in a.containers
-        ]
+        tests = [admits(a) for a in allowances if klass is None or klass in a.containers]
         return " || ".join(tests) or "false"
 
     branches = [f"{name} == {literal(n)} ? ({any_of(a)})" for n, a in sorted(exact.items())]
@@ -871,22 +926,20 @@ def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
     )
 
     # The containers the mutation gives the MPS client's settings (mutation.wanted_env).
-    mps_client = (
-        f"variables.mode == 'mps' && {asks_test('c', _sharing_test(policy), policy=policy)}"
+    mps_client = f"variables.mode == 'mps' && {shares(policy, 'c')}"
+    admitted = env_admitted(policy, "e.name", _value("e"), _opaque("e"), None, channel=channel)
+    managed = _managed("e.name", mps_client=mps_client)
+    return (
+        f"{containers}.exists(c, has(c.env) && [{container_class('c')}].exists(k, "
+        f"c.env.exists(e, has(e.name) && ({channel_test('e.name', channel)}) && "
+        f"!({managed}) && !({pinned}) && !({admitted}))))"
     )
 
-    def unadmitted(klass: ContainerClass) -> str:
-        admitted = env_admitted(policy, "e.name", _value("e"), _opaque("e"), klass)
-        managed = _managed("e.name", mps_client=mps_client)
-        return (
-            f"c.env.exists(e, has(e.name) && ({channel_test('e.name', channel)}) && "
-            f"!({managed}) && !({pinned}) && !({admitted}))"
-        )
 
+def container_class(c: str) -> str:
+    """``rules.container_class`` of container ``c``: 'slice', 'whole' or 'none'."""
     return (
-        f"{containers}.exists(c, has(c.env) && (({slice_test(policy, 'c')}) ? "
-        f"{unadmitted('slice')} : ({asks_for_gpu(policy, 'c')}) ? "
-        f"{unadmitted('whole')} : {unadmitted('none')}))"
+        f"{c}.name in variables.slices ? 'slice' : {c}.name in variables.asking ? 'whole' : 'none'"
     )
 
 
@@ -1472,12 +1525,9 @@ def _mode_conflict(policy: Policy) -> str:
         misspelt = f"({literal(key)} in {ann} ? !({value}) : ({misspelt}))"
     named = f"!({' || '.join(f'({c})' for c, _ in _mode_steps(policy))})"
     unnamed = f" && {named}" if policy.default_mode == "none" else ""
-    mig, shares = (
-        asks_test("c", _mig_test(policy), policy=policy),
-        asks_test("c", _sharing_test(policy), policy=policy),
-    )
+    mig, sharer = asks_test("c", _mig_test(policy), policy=policy), shares(policy, "c")
     containers = (
-        f"variables.containers.exists(c, [{mig}].exists(mig, [{shares}].exists(shares, "
+        f"variables.containers.exists(c, [{mig}].exists(mig, [{sharer}].exists(shares, "
         f"(mig && (shares || {mode} != 'mig')) || "
         f"(shares && (({mode} == 'mig' && !variables.dynamicMig) || ({mode} == 'none'{unnamed}))))))"
     )
@@ -1718,8 +1768,7 @@ def _mode_mutated(policy: Policy, mode: Mode) -> str:
         f"(has({spec}.initContainers) ? {spec}.initContainers : [])"
     )
     terms.append(
-        f"({containers}).all(c, !({asks_test('c', _sharing_test(policy), policy=policy)}) || "
-        f"({_container_mutated(policy, mode)}))"
+        f"({containers}).all(c, !({shares(policy, 'c')}) || ({_container_mutated(policy, mode)}))"
     )
     return " && ".join(f"({t})" for t in terms)
 
@@ -1773,10 +1822,7 @@ def _dynamic_mutated(policy: Policy) -> str:
         f"(has({spec}.containers) ? {spec}.containers : []) + "
         f"(has({spec}.initContainers) ? {spec}.initContainers : [])"
     )
-    implied = (
-        f"({containers}).all(c, !({asks_test('c', _sharing_test(policy), policy=policy)}) || "
-        f"!({_implied(policy)}))"
-    )
+    implied = f"({containers}).all(c, !({shares(policy, 'c')}) || !({_implied(policy)}))"
     return f"({_scheduled(policy)}) && ({implied})"
 
 

@@ -303,7 +303,7 @@ def mutation_variables(policy: Policy) -> list[Obj]:
         f"({_POD_CONTAINERS}).filter(c, !({celpolicy.asks_for_gpu(policy, 'c')}) && "
         f"!(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)}))).map(c, c.name)"
     )
-    sharing = f"({_POD_CONTAINERS}).filter(c, {celpolicy.asks_test('c', _sharing_test(policy), policy=policy)})"
+    sharing = f"({_POD_CONTAINERS}).filter(c, {celpolicy.shares(policy, 'c')})"
     return [
         *celpolicy.variables(policy),
         {"name": "pointer", "expression": _pointer()},
@@ -664,7 +664,9 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
             {"name": "gpushare.io/needs-void", "expression": nvidia},
         ],
         "reinvocationPolicy": "IfNeeded",
-        "variables": [v for v in shared if v["name"] in ("spec", "containers", "vacant", "voided")],
+        "variables": [
+            v for v in shared if v["name"] in ("spec", "containers", "vacant", "asking", "voided")
+        ],
         "mutations": [
             {
                 "patchType": "ApplyConfiguration",
