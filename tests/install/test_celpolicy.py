@@ -259,7 +259,9 @@ def test_the_scheduler_rule_asks_the_mode_only_after_the_resources() -> None:
     """As Policy.scheduler_for: the resource branches first, then each mode's scheduler on
     the mode the policy's variables choose, then the default."""
     expression = celpolicy.rule_expressions(MODE_SCHEDULERS)["scheduler-bypass"]
-    wanted = expression[expression.index("variables.spec.schedulerName == (") :]
+    assert "variables.spec.schedulerName == (variables.scheduler)" in expression
+    shared = {v["name"]: v["expression"] for v in celpolicy.variables(MODE_SCHEDULERS)}
+    wanted = shared["scheduler"]
     resource = wanted.index('? "hami-scheduler"')
     mps = wanted.index('variables.chosenMode == "mps" ? "default-scheduler"')
     vgpu = wanted.index('variables.chosenMode == "vgpu" ? "my-scheduler"')
@@ -267,7 +269,7 @@ def test_the_scheduler_rule_asks_the_mode_only_after_the_resources() -> None:
     assert wanted.rindex('"hami-scheduler"') > max(mps, vgpu)  # the default comes last
     # The mode variable covers what the core's choice reads: annotations, node
     # selectors, MIG resources, namespaces.
-    mode = {v["name"]: v["expression"] for v in celpolicy.variables(MODE_SCHEDULERS)}["chosenMode"]
+    mode = shared["chosenMode"]
     assert all(
         f'"{key}" in variables.annotations' in mode for key in MODE_SCHEDULERS.mode_annotations
     )
@@ -276,8 +278,7 @@ def test_the_scheduler_rule_asks_the_mode_only_after_the_resources() -> None:
 
 
 def test_without_mode_entries_the_scheduler_rule_ignores_the_mode() -> None:
-    expression = celpolicy.rule_expressions(DEFAULT_POLICY)["scheduler-bypass"]
-    wanted = expression[expression.index("variables.spec.schedulerName == (") :]
+    wanted = {v["name"]: v["expression"] for v in celpolicy.variables(DEFAULT_POLICY)}["scheduler"]
     assert "variables.mode" not in wanted
     plain = parse_policy(
         "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  schedulerName: one\n"
@@ -379,9 +380,9 @@ def test_invalid_gpu_request_holds_each_resource_to_its_unit() -> None:
     assert "<= 1024" not in expression
     assert "isQuantity(" in expression and "compareTo(" in expression
     # What the requests amount to: GiB times 1024 up to 1024, MiB from 1025.
-    (asks, _) = celpolicy.request_variables(DEFAULT_POLICY)
+    asks = {v["name"]: v["expression"] for v in celpolicy.request_variables(DEFAULT_POLICY)}
     for bound in ("<= 1024 ? quantity(v).asInteger() * 1024", ">= 1025"):
-        assert bound in asks["expression"], bound
+        assert bound in asks["mainAsks"], bound
 
 
 def test_mode_conflict_renders_the_policys_namespaces_per_mode() -> None:
@@ -410,7 +411,7 @@ def test_unmutated_gpu_pod_asks_for_what_the_policys_mutation_injects() -> None:
     # No stricter than the webhook with its cluster view: the per-GPU memory limits of a
     # percentage, which only the view turns into MiB, are never stray.
     assert "a['pct'] > 0) && n.matches('^CUDA_DEVICE_MEMORY_LIMIT_" in default
-    assert "hami-scheduler" in default and "hostIPC" in default
+    assert "variables.scheduler" in default and "hostIPC" in default
 
 
 def test_warn_and_audit_rules_record_each_failure_in_the_apiservers_audit_log() -> None:

@@ -578,6 +578,7 @@ def variables(policy: Policy) -> list[Obj]:
         {"name": "sharing", "expression": "size(variables.sharers) > 0"},
         {"name": "mig", "expression": _mig(policy, "variables.containers")},
         {"name": "chosenMode", "expression": _mode(policy)},
+        {"name": "scheduler", "expression": _wanted_scheduler(policy)},
         {"name": "dynamicMig", "expression": _dynamic_mig(policy)},
         {"name": "whole", "expression": _keeps_scheduler(policy)},
         # A pod that keeps its own scheduler for whole GPUs uses no mode.
@@ -1423,14 +1424,13 @@ def _invalid_request(policy: Policy) -> str:
     return _parts("c", " || ".join(f"({t})" for t in terms))
 
 
-def _ask(policy: Policy, c: str, *, init: bool = False, only: Iterable[str] = ()) -> str:
+def _ask(policy: Policy, c: str, *, init: bool = False) -> str:
     """What container ``c`` asks for as ``read_container`` counts it, as a map of ints:
     ``g`` its (v)GPUs (the last count resource, 1 when invalid or absent), ``d`` the GPU
     devices it gets (``rules._gpus``), ``m`` its memory in MiB (the last valid one, else 0),
     ``k`` its cores (the last cores resource, -1 when invalid or absent), ``pct`` its memory
     percentage (likewise), ``p`` its priority (the last valid one, else HAMi-core's 1);
-    with ``init``, ``side``: 1 for a sidecar (restartPolicy Always); with ``only``, those
-    fields alone."""
+    with ``init``, ``side``: 1 for a sidecar (restartPolicy Always)."""
     counts = f"{_asked(policy.count_resources)}.map(r, {_amount(_ASKED, 1, MAX_COUNT)})"
     gpus = f"[{counts}].map(x, size(x) > 0 && x[size(x) - 1] > 0 ? x[size(x) - 1] : 1)[0]"
     mib = sorted(policy.memory_mib_resources)
@@ -1467,8 +1467,7 @@ def _ask(policy: Policy, c: str, *, init: bool = False, only: Iterable[str] = ()
         # Its place among the init containers (their names are unique), for the sidecars
         # declared before it: Kubernetes 1.30's CEL has no lists.range to index by.
         fields["i"] = f"variables.spec.initContainers.map(x, x.name).indexOf({c}.name)"
-    wanted = set(only) or set(fields)
-    body = "{" + ", ".join(f"{literal(k)}: {v}" for k, v in fields.items() if k in wanted) + "}"
+    body = "{" + ", ".join(f"{literal(k)}: {v}" for k, v in fields.items()) + "}"
     return _parts_value(c, body)
 
 
@@ -1482,7 +1481,14 @@ def request_variables(policy: Policy) -> list[Obj]:
     ``mainAsks`` of the containers, ``initAsks`` of the init containers (ephemeral
     containers may not ask for resources)."""
     spec = "variables.spec"
+    named = " + ".join(
+        f"(has({spec}.{kind}) ? {spec}.{kind}.filter(c, !({is_vacant(policy, 'c')}))"
+        ".map(c, c.name) : [])"
+        for kind in ("containers", "initContainers")
+    )
     return [
+        # The names of mainAsks' and initAsks' containers, in their order.
+        {"name": "askNames", "expression": named},
         {
             "name": "mainAsks",
             "expression": f"has({spec}.containers) ? {spec}.containers"
@@ -1734,7 +1740,8 @@ def _container_mutated(policy: Policy, mode: Mode) -> str:
         names = _list(name for name, _ in policy.device_pins)
         wanted.append(f"!({slice_test(policy, 'c')}) || {names}.all(n, n in names)")
     env = " && ".join(f"({t})" for t in wanted)
-    ask = _ask(policy, "c", only=("g", "m", "k", "p", "pct"))
+    # A sharing container is not vacant: request_variables counted what it asks.
+    ask = "(variables.mainAsks + variables.initAsks)[variables.askNames.indexOf(c.name)]"
     return (
         _ENV_BINDINGS.format(body=f"[{ask}].exists(a, {env})")
         + f" && {' && '.join(f'({t})' for t in mounts) or 'true'} && !({_implied(policy)})"
@@ -1874,6 +1881,11 @@ def _pod_rule(test: PodTest) -> str:
 
 
 def wanted_scheduler(policy: Policy) -> str:
+    """``Policy.scheduler_for`` of a sharing pod (``variables.scheduler``)."""
+    return "variables.scheduler"
+
+
+def _wanted_scheduler(policy: Policy) -> str:
     """``Policy.scheduler_for`` of a sharing pod: a resource's scheduler when every
     sharing resource the pod asks for is listed for that scheduler, else its mode's
     (``variables.chosenMode``, chosen as the core chooses it), else the policy's."""
