@@ -16,6 +16,7 @@ import dataclasses
 import itertools
 import re
 import time
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Final
@@ -47,7 +48,13 @@ from webhook.core.policy import Policy
 from webhook.core.resources import read_container
 from webhook.core.review import review_object
 from webhook.dev.cluster import DevCluster, running
-from webhook.install.celpolicy import RULES, rule_expressions, validating_policies
+from webhook.install.celpolicy import (
+    MESSAGES,
+    RULES,
+    message_expressions,
+    rule_expressions,
+    validating_policies,
+)
 from webhook.policies import load_policy
 
 pytestmark = pytest.mark.e2e
@@ -74,6 +81,9 @@ MODES_EXAMPLES: Final = 500
 _RULE_IN_WARNING: Final = re.compile(
     r"ValidatingAdmissionPolicy '[^']*' with binding [^:]*: \[([a-z-]+)\]"
 )
+# The rule whose container the CEL names with a sentence of its own, not the core's: the
+# core's says what each unit allows (CEL names the resource, the core's first word too).
+GENERIC_RULES: Final = frozenset({"invalid-gpu-request"})
 _RULE_IN_MESSAGE: Final = re.compile(
     r"ValidatingAdmissionPolicy '[^']*' with binding [^:]*: \[([a-z-]+)\]"
 )
@@ -1010,6 +1020,60 @@ def test_only_kais_binder_writes_devices_into_its_config_maps(api: Api, ns: str)
             assert vap_rules(sent) == {"raw-visible-devices"}, (sent.status, sent.body)
 
 
+_REFUSAL: Final = re.compile(r"ValidatingAdmissionPolicy '[^']*' with binding [^:]*: (\[.*)$", re.S)
+
+
+def core_messages(obj: Any, namespace: str, rule: str, kind: str = "Pod") -> set[str]:
+    """The core's redacted messages of ``rule`` on ``obj``, at /mutate and /validate."""
+    facts = Request(kind=kind, operation="CREATE", namespace=namespace, username="", groups=())
+    found = set()
+    for phase in ("mutate", "validate"):
+        decision = decide(judged_by_cel(obj), facts, POLICY, phase=phase)
+        for violation, text in zip(decision.violations, decision.redacted, strict=True):
+            if violation["rule"] == rule:
+                found.add(f"[{rule}] {text}")
+    return found
+
+
+@pytest.mark.parametrize("shape", sorted(BYPASSES))
+def test_each_refusal_names_the_container_as_the_core_does(api: Api, ns: str, shape: str) -> None:
+    """A refusal by a container rule names the first container that breaks it, and the
+    field, as the core's (redacted) finding does; the others keep their static message."""
+    pod, rule = BYPASSES[shape]
+    sent = api.create("Pod", ns, pod)
+    matched = _REFUSAL.search(str(sent.body.get("message", "")))
+    assert matched, sent.body
+    message = matched.group(1)
+    if rule not in message_expressions(POLICY):
+        assert message == f"[{rule}] {MESSAGES[rule]}"
+        return
+    core = core_messages(pod, ns, rule)
+    if _CONTAINER_MESSAGE.match(message) is None:
+        # Not a container's (a hostPath volume, a host namespace, an annotation).
+        assert message == f"[{rule}] {MESSAGES[rule]}", message
+        assert not any(_CONTAINER_MESSAGE.match(m) for m in core), core
+        return
+    assert not message_differs(message, core), (message, core)
+
+
+_CONTAINER_MESSAGE: Final = re.compile(
+    r'\[([a-z-]+)\] ((?:init |ephemeral )?container "[^"]*"): (\S+)'
+)
+
+
+def message_differs(message: str, core: set[str]) -> bool:
+    """A container rule's CEL message (``[rule] <label>: <field> ...``) says other than
+    the core: not one of its messages, or (a rule of GENERIC_RULES) none of them names
+    that container and field. A message naming no container is the static one."""
+    matched = _CONTAINER_MESSAGE.match(message)
+    if matched is None:
+        return False
+    rule, label, field = matched.groups()
+    if rule in GENERIC_RULES:
+        return not any(m.startswith(f"[{rule}] {label}: {field} ") for m in core)
+    return message not in core
+
+
 def _source(kind: str, **fields: Any) -> Obj:
     version = "v1" if kind in ("ConfigMap", "Secret") else "resource.k8s.io/v1"
     return {"apiVersion": version, "kind": kind, "metadata": {"name": "s"}, **fields}
@@ -1204,12 +1268,33 @@ def test_forged_allocation_on_update_follows_the_writers(api: Api, ns: str) -> N
 
 def warned_rules(api: Api, kind: str, namespace: str, obj: Obj) -> tuple[int, Any, set[str]]:
     """A dry-run create; its status, body and the rule ids of the policies' warnings."""
+    status, body, messages = warned(api, kind, namespace, obj)
+    return status, body, {m[1 : m.index("]")] for m in messages}
+
+
+# A Warning header's text (RFC 9110 quoted-string: \ escapes " and \).
+_WARNING_TEXT: Final = re.compile(r'299 - "((?:[^"\\]|\\.)*)"')
+_POLICY_WARNING: Final = re.compile(
+    r"ValidatingAdmissionPolicy '[^']*' with binding [^:]*: (\[.*)$"
+)
+
+
+def warned(api: Api, kind: str, namespace: str, obj: Obj) -> tuple[int, Any, list[str]]:
+    """A dry-run create; its status, body and the policies' warning messages
+    (``[rule] ...``)."""
     url = api.server + COLLECTIONS[kind].format(ns=namespace) + "?dryRun=All"
     response = api.http.request(
         "POST", url, body=orjson.dumps(obj, default=str), headers=api.headers, timeout=30
     )
-    warnings = " ".join(response.headers.getlist("Warning"))
-    return response.status, orjson.loads(response.data), set(_RULE_IN_WARNING.findall(warnings))
+    messages = []
+    for header in response.headers.getlist("Warning"):
+        for text in _WARNING_TEXT.findall(header):
+            # urllib3 reads header bytes as Latin-1; the apiserver writes UTF-8.
+            unquoted = re.sub(r"\\(.)", r"\1", text).encode("latin-1").decode("utf-8")
+            policy = _POLICY_WARNING.search(unquoted)
+            if policy:
+                messages.append(policy.group(1))
+    return response.status, orjson.loads(response.data), messages
 
 
 _EDITS: Final = (
@@ -1325,7 +1410,13 @@ def test_cel_verdicts_equal_the_cores_rule_by_rule(cel_cluster: DevCluster, api:
         assert time.monotonic() < deadline, "the warn-only bindings never took effect"
         time.sleep(0.2)
     results: list[tuple[str, Obj, int, Any, set[str]]] = []
+    messages: list[tuple[str, Any, list[str]]] = []
     counter = itertools.count()
+
+    def record(kind: str, obj: Obj) -> None:
+        status, body, texts = warned(api, kind, namespace, obj)
+        results.append((kind, obj, status, body, {m[1 : m.index("]")] for m in texts}))
+        messages.append((kind, body, texts))
 
     @settings(DIFFERENTIAL, max_examples=EXAMPLES)
     @given(st.one_of(objects(), attacked_objects()))
@@ -1337,14 +1428,14 @@ def test_cel_verdicts_equal_the_cores_rule_by_rule(cel_cluster: DevCluster, api:
         # the derandomised strategies have always drawn).
         if number % 2:
             obj = _mutation_of(obj, POLICY, namespace=namespace)
-        results.append((kind, obj, *warned_rules(api, kind, namespace, obj)))
+        record(kind, obj)
 
     @settings(DIFFERENTIAL, max_examples=EDIT_EXAMPLES)
     @given(mutation_edits(POLICY, namespace))
     def send_edited(example: tuple[str, Obj]) -> None:
         kind, obj = example
         obj = sendable(kind, obj, f"w{next(counter)}")
-        results.append((kind, obj, *warned_rules(api, kind, namespace, obj)))
+        record(kind, obj)
 
     started = time.monotonic()
     send()
@@ -1375,6 +1466,23 @@ def test_cel_verdicts_equal_the_cores_rule_by_rule(cel_cluster: DevCluster, api:
     assert seen_rules == set(RENDERED), seen_rules
     assert admitted >= EXAMPLES // 20
     assert min(sharing.values()) >= EDIT_EXAMPLES // 5, sharing
+    # Each container rule's warning names a container and field as one of the core's
+    # (redacted) findings of that rule does.
+    named: Counter[str] = Counter()
+    worded = []
+    for kind, body, texts in messages:
+        for text in texts:
+            matched = _CONTAINER_MESSAGE.match(text)
+            if matched is None or not isinstance(body, dict) or "kind" not in body:
+                continue
+            named[matched.group(1)] += 1
+            if message_differs(text, core_messages(body, namespace, matched.group(1), kind)):
+                worded.append(
+                    (text, sorted(core_messages(body, namespace, matched.group(1), kind)))
+                )
+    print(f"CEL messages naming a container, by rule: {sorted(named.items())}")
+    assert not worded, f"{len(worded)} say other than the core; first: {worded[0]}"
+    assert set(named) == set(message_expressions(POLICY)), named
 
 
 def _shares(kind: str, obj: Any) -> bool:

@@ -208,6 +208,7 @@ def test_a_new_policy_rewrites_conditions_and_cel_policies(admission: Any, as_ke
             "gpushare-deny",
             "gpushare-warn",
             "gpushare-deny-sources",
+            "gpushare-overrides",
         }
     )
     denied = rules_of(objects[POLICY_KIND]["gpushare-deny"])
@@ -237,7 +238,7 @@ def test_a_new_policy_rewrites_conditions_and_cel_policies(admission: Any, as_ke
     assert (
         set(objects[POLICY_KIND])
         == set(objects[BINDING_KIND])
-        == {"gpushare-deny", "gpushare-deny-sources"}
+        == {"gpushare-deny", "gpushare-deny-sources", "gpushare-overrides"}
     )
     # Every CEL rule the default policy denies with (gpu-quota is off there).
     assert rules_of(objects[POLICY_KIND]["gpushare-deny"]) == [

@@ -10,6 +10,7 @@ import re
 from contextlib import redirect_stdout
 from typing import Any
 
+import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
@@ -144,14 +145,21 @@ def test_one_policy_and_binding_per_action_holding_its_rules() -> None:
 
 
 def pod_policies(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The policies (and bindings) of pods and workloads, not of their sources."""
-    return [o for o in objects if not o["metadata"]["name"].endswith(celpolicy.SOURCES_SUFFIX)]
+    """The policies (and bindings) of pods and workloads' rules, not of their sources nor
+    the mutation's warnings."""
+    return [
+        o
+        for o in objects
+        if not o["metadata"]["name"].endswith(celpolicy.SOURCES_SUFFIX)
+        and o["metadata"]["name"] != celpolicy.OVERRIDES_POLICY
+    ]
 
 
 def test_sources_are_guarded_by_policies_of_their_own() -> None:
     objects = validating_policies(CUSTOM)
     sources = by_kind(
-        [o for o in objects if o not in pod_policies(objects)], "ValidatingAdmissionPolicy"
+        [o for o in objects if o["metadata"]["name"].endswith(celpolicy.SOURCES_SUFFIX)],
+        "ValidatingAdmissionPolicy",
     )
     # raw-visible-devices is off in CUSTOM: only gpu-claim (deny) is left.
     assert list(sources) == ["gpushare-deny-sources"]
@@ -168,7 +176,7 @@ def test_sources_are_guarded_by_policies_of_their_own() -> None:
         "deviceclasses",
     }
     names = {o["metadata"]["name"] for o in validating_policies(DEFAULT_POLICY)}
-    assert names == {"gpushare-deny", "gpushare-deny-sources"}
+    assert names == {"gpushare-deny", "gpushare-deny-sources", "gpushare-overrides"}
     assert names <= set(celpolicy.POLICY_NAMES)
 
 
@@ -449,3 +457,28 @@ def test_warn_and_audit_rules_record_each_failure_in_the_apiservers_audit_log() 
     assert "auditAnnotations" not in policies["gpushare-deny"]["spec"]
     sources = policies["gpushare-audit-sources"]["spec"]["auditAnnotations"]
     assert [a["key"] for a in sources] == ["raw-visible-devices"]
+
+
+@pytest.mark.parametrize(
+    ("action", "actions"),
+    [("deny", ["Warn"]), ("warn", ["Warn"]), ("audit", ["Audit"]), ("off", None)],
+)
+def test_what_the_mutation_replaced_is_warned_as_limit_tampering_acts(
+    action: str, actions: list[str] | None
+) -> None:
+    """The core warns what its mutation replaced under limit-tampering, deny at most
+    warning: so does the override policy, and it says nothing when the rule is off."""
+    text = (ROOT / "policies" / "default.yaml").read_text()
+    document = yaml.safe_load(text)
+    document["spec"].setdefault("rules", {})["limit-tampering"] = action
+    objects = validating_policies(parse_policy(yaml.safe_dump(document)))
+    named = [o for o in objects if o["metadata"]["name"] == celpolicy.OVERRIDES_POLICY]
+    if actions is None:
+        assert not named
+        return
+    binding = by_kind(named, "ValidatingAdmissionPolicyBinding")[celpolicy.OVERRIDES_POLICY]
+    assert binding["spec"]["validationActions"] == actions
+    spec = by_kind(named, "ValidatingAdmissionPolicy")[celpolicy.OVERRIDES_POLICY]["spec"]
+    # A CEL error never blocks a pod for a warning.
+    assert spec["failurePolicy"] == "Ignore"
+    assert len(spec["validations"]) == celpolicy.MAX_OVERRIDE_WARNINGS

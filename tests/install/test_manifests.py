@@ -102,7 +102,7 @@ def test_default_install_objects() -> None:
         *[
             (kind, name)
             for kind in celpolicy.KINDS
-            for name in ("gpushare-deny", "gpushare-deny-sources")
+            for name in ("gpushare-deny", "gpushare-deny-sources", "gpushare-overrides")
         ],
         ("MutatingWebhookConfiguration", "gpushare-webhook"),
         ("ValidatingWebhookConfiguration", "gpushare-webhook"),

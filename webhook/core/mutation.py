@@ -114,6 +114,11 @@ _PINS: Final = {
 }
 
 
+# The names whose replaced value goes unreported (Want.report False): the preload keeps
+# the user's libraries, the pins and the MPS pipe are policy, not a limit the user set.
+UNREPORTED: Final = frozenset({_PRELOAD.name, "CUDA_MPS_PIPE_DIRECTORY", *DEVICE_PINS})
+
+
 def wanted_env(
     request: ContainerRequest, mode: Mode, policy: Policy, *, klass: ContainerClass = "slice"
 ) -> list[Want]:

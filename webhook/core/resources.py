@@ -24,7 +24,7 @@ CONTAINER_KINDS: Final[tuple[ContainerKind, ...]] = (
     "initContainers",
     "ephemeralContainers",
 )
-_KIND_LABEL: Final = {
+KIND_LABELS: Final = {
     "containers": "container",
     "initContainers": "init container",
     "ephemeralContainers": "ephemeral container",
@@ -54,7 +54,7 @@ PRIORITIES: Final = (0, 1)
 
 
 def describe(kind: ContainerKind, name: str) -> str:
-    return f'{_KIND_LABEL[kind]} "{name}"'
+    return f'{KIND_LABELS[kind]} "{name}"'
 
 
 @dataclass(slots=True)

@@ -438,7 +438,7 @@ def variable_findings(
     elif gpu and isinstance(name, str) and name in _SWITCHES:
         why = _loosening(name, value, policy)
         if why is not None:
-            shown = "from valueFrom" if value is None else f"={quoted(value)}"
+            shown = " from valueFrom" if value is None else f"={quoted(value)}"
             yield Finding("limit-tampering", f"{label}: {name}{shown}{source} {why}; remove it")
 
 
@@ -514,7 +514,7 @@ _READERS: Final = {
     "raw-visible-devices": "the NVIDIA container runtime",
     "limit-tampering": "HAMi-core or the MPS client",
 }
-_CLASS_WORDS: Final[dict[str, str]] = {
+CLASS_WORDS: Final[dict[str, str]] = {
     "slice": "containers that ask for part of a GPU",
     "whole": "containers that ask only for whole GPUs",
     "none": "containers that ask for no GPU",
@@ -545,11 +545,11 @@ def _allowlist_finding(
     if policy.env_admits(name, shown_value, klass):
         return None
     rule = CHANNEL_RULES[channel]
-    shown = "from valueFrom" if value is None else f"={quoted(value[:40])}"
+    shown = " from valueFrom" if value is None else f"={quoted(value[:40])}"
     where = [c for c in CONTAINER_CLASSES if c != klass and policy.env_admits(name, shown_value, c)]
     if where:
         hint = "; the policy's env.allowed admits it only in " + " and ".join(
-            _CLASS_WORDS[c] for c in where
+            CLASS_WORDS[c] for c in where
         )
     elif policy.env_allowances_for(name):
         hint = "; that value is not one the policy's env.allowed admits"
@@ -911,43 +911,54 @@ def _exceeds(name: str, value: str | None, request: ContainerRequest, mode: Mode
     return None
 
 
+# Why each switch, when it loosens, does so: the webhook's messages and the CEL's alike.
+LOOSENING: Final[Mapping[str, str]] = {
+    "CUDA_DISABLE_CONTROL": "switches GPU limits off",
+    "GPU_CORE_UTILIZATION_POLICY": "loosens limits; use default or force",
+    "CUDA_REDIRECT": "makes HAMi-core skip its hooks",
+    "ACTIVE_OOM_KILLER": "turns HAMi-core's out-of-memory killer off",
+    "CGPU_DISABLE": "switches ACK's cGPU isolation off",
+    REGION_VARIABLE: "hides HAMi-core's region from HAMi's vGPU monitor or shares it; leave it "
+    f"unset, or a .cache file directly in {REGION_DIR}",
+    "CUDA_TASK_PRIORITY": "is no priority HAMi knows (0 high, 1 low); ask for nvidia.com/priority",
+}
+
+
 def _loosening(name: str, value: str | None, policy: Policy) -> str | None:
     """Why an env entry switches HAMi-core's enforcement off or loosens it, or None.
 
     A value from valueFrom or with $(VAR) references is only known once the kubelet
     expands it, so it counts as loosening.
     """
+    if _loosens(name, value, policy):
+        return LOOSENING[name]
+    return None
+
+
+def _loosens(name: str, value: str | None, policy: Policy) -> bool:
     if name == "CUDA_DISABLE_CONTROL":
         # HAMi's device plugin drops the preload when any entry parses true.
-        if opaque(value) or str(value).strip().lower() in _TRUTHY:
-            return "switches GPU limits off"
-    elif name == "GPU_CORE_UTILIZATION_POLICY":
-        if not policy.allow_disable_core_utilization_policy and (
+        return opaque(value) or str(value).strip().lower() in _TRUTHY
+    if name == "GPU_CORE_UTILIZATION_POLICY":
+        return not policy.allow_disable_core_utilization_policy and (
             opaque(value) or str(value).strip().lower() == "disable"
-        ):
-            return "loosens limits; use default or force"
-    elif name == "CUDA_REDIRECT":
+        )
+    if name == "CUDA_REDIRECT":
         # HAMi-core resolves every CUDA symbol in the named library instead: no hooks.
-        if opaque(value) or value:
-            return "makes HAMi-core skip its hooks"
-    elif name == "ACTIVE_OOM_KILLER" and (opaque(value) or str(value).strip().lower() in _FALSY):
-        return "turns HAMi-core's out-of-memory killer off"
-    elif name == "CGPU_DISABLE" and (opaque(value) or str(value).strip().lower() not in _FALSY):
+        return opaque(value) or bool(value)
+    if name == "ACTIVE_OOM_KILLER":
+        return opaque(value) or str(value).strip().lower() in _FALSY
+    if name == "CGPU_DISABLE":
         # ACK's device plugin sets it true only where the node's isolation is off
         # (gpushare-device-plugin allocate.go); from the pod it wins over the plugin's.
-        return "switches ACK's cGPU isolation off"
-    elif name == REGION_VARIABLE and (opaque(value) or not region_readable(str(value))):
+        return opaque(value) or str(value).strip().lower() not in _FALSY
+    if name == REGION_VARIABLE:
         # HAMi's device plugin sets a file in its per-container directory; the pod's
         # value wins over it (the kubelet appends the pod's env after the plugin's).
-        return (
-            f"hides HAMi-core's region from HAMi's vGPU monitor or shares it; leave it "
-            f"unset, or a .cache file directly in {REGION_DIR}"
-        )
-    elif name == "CUDA_TASK_PRIORITY" and (
-        opaque(value) or str(value).strip() not in _PRIORITY_TEXTS
-    ):
-        return "is no priority HAMi knows (0 high, 1 low); ask for nvidia.com/priority"
-    return None
+        return opaque(value) or not region_readable(str(value))
+    if name == "CUDA_TASK_PRIORITY":
+        return opaque(value) or str(value).strip() not in _PRIORITY_TEXTS
+    return False
 
 
 _PRIORITY_TEXTS: Final = frozenset(str(p) for p in PRIORITIES)

@@ -12,8 +12,11 @@ off is not rendered), and each rule of that action is one of the policy's
 object to unstructured once per policy and filter (matchConditions, then validations):
 seven policies converted every pod about fourteen times, which cost each pod create
 ~2 ms. Each validation's message starts with the rule id in brackets, as the webhook's
-denials do (``[privileged-gpu] ...``). A Deny names only the first failing validation
-(in :data:`RULES` order); Warn sends one warning per failing validation.
+denials do (``[privileged-gpu] ...``); a container rule's ``messageExpression`` then names
+the first container that breaks it and the field, in the core's redacted words
+(:func:`message_expressions`). A Deny names only the first failing validation (in
+:data:`RULES` order); Warn sends one warning per failing validation. ``gpushare-overrides``
+warns what the MutatingAdmissionPolicy replaced (:func:`_override_policies`).
 
 Rendered (each equals the decision core's verdict on the objects the apiserver admits;
 tests/e2e/test_celpolicy.py compares the two on generated objects):
@@ -119,6 +122,7 @@ from __future__ import annotations
 import posixpath
 import re
 from collections.abc import Callable, Iterable, Mapping
+from functools import partial
 from typing import Any, Final
 
 from webhook.core.env import (
@@ -161,7 +165,14 @@ from webhook.core.policy import (
     Policy,
     normalised,
 )
-from webhook.core.resources import CONTAINER_KINDS, MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
+from webhook.core.resources import (
+    CONTAINER_KINDS,
+    KIND_LABELS,
+    MAX_COUNT,
+    MAX_GIB,
+    MAX_MIB,
+    PRIORITIES,
+)
 from webhook.core.rules import (
     _CONFIG_ROOTS,
     _DEVICE_PARENTS,
@@ -169,8 +180,10 @@ from webhook.core.rules import (
     _DEVICE_REQUEST_DIRS,
     _SIDE_ROOTS,
     CDI_MARK,
+    CLASS_WORDS,
     CRIO_DEVICE_KEYS,
     DEVICE_REQUEST_MARK,
+    LOOSENING,
     STACK_FILE_PREFIXES,
     STACK_ROOTS,
     SYS_ADMIN,
@@ -881,10 +894,11 @@ def env_admitted(
     klass: ContainerClass | None,
     *,
     channel: Channel | None = None,
+    bound: str = "k",
 ) -> str:
     """``Policy.env_admits`` of the CEL strings ``name`` = ``value`` (unknown where
     ``opaque`` holds) in a container of class ``klass`` (None: the class is the CEL string
-    ``k``): the entries naming it exactly decide, else those of its longest prefix; an
+    ``bound``): the entries naming it exactly decide, else those of its longest prefix; an
     entry for other classes admits nothing. With ``channel``, ``name`` is one of its names,
     so an entry naming another channel's name decides nothing."""
     exact: dict[str, list[EnvAllowance]] = {}
@@ -901,7 +915,8 @@ def env_admitted(
         if klass is not None or set(allowance.containers) >= set(CONTAINER_CLASSES):
             return f"({test})"
         classes = [k for k in CONTAINER_CLASSES if k in allowance.containers]
-        return f"(k in {_list(classes)} && {test})" if test != "true" else f"k in {_list(classes)}"
+        held = f"{bound} in {_list(classes)}"
+        return f"({held} && {test})" if test != "true" else held
 
     def any_of(allowances: list[EnvAllowance]) -> str:
         tests = [admits(a) for a in allowances if klass is None or klass in a.containers]
@@ -915,25 +930,37 @@ def env_admitted(
     return " : ".join([*branches, "false"])
 
 
+def _judged_entry(policy: Policy, channel: Channel, c: str) -> str:
+    """The env entry ``e`` of container ``c`` sets a name of ``channel`` that no rule of
+    its own judges and that is no device pin (a pin's value grants nothing:
+    rules._allowlist_finding)."""
+    pinned = " || ".join(
+        f"(e.name == {literal(name)} && !has(e.valueFrom) && {_value('e')} == {literal(value)})"
+        for name, value in DEVICE_PINS.items()
+    )
+    # The containers the mutation gives the MPS client's settings (mutation.wanted_env).
+    mps_client = f"variables.mode == 'mps' && {shares(policy, c)}"
+    managed = _managed("e.name", mps_client=mps_client)
+    return f"has(e.name) && ({channel_test('e.name', channel)}) && !({managed}) && !({pinned})"
+
+
+def unadmitted_entry(policy: Policy, channel: Channel, klass: ContainerClass | None, c: str) -> str:
+    """The env entry ``e`` of container ``c`` sets a name of ``channel`` that no rule of
+    its own judges and that the policy's env.allowed does not admit in a container of
+    class ``klass`` (None: the class bound as ``k``)."""
+    admitted = env_admitted(policy, "e.name", _value("e"), _opaque("e"), klass, channel=channel)
+    return f"{_judged_entry(policy, channel, c)} && !({admitted})"
+
+
 def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
     """Some container sets a name of ``channel`` that no rule of its own judges and that
     the policy's env.allowed does not admit in a container of its class (the class
     decided once per container, each branch with the allowlist of its class)."""
 
-    # A device pin's value grants nothing (rules._allowlist_finding).
-    pinned = " || ".join(
-        f"(e.name == {literal(name)} && !has(e.valueFrom) && {_value('e')} == {literal(value)})"
-        for name, value in DEVICE_PINS.items()
-    )
-
-    # The containers the mutation gives the MPS client's settings (mutation.wanted_env).
-    mps_client = f"variables.mode == 'mps' && {shares(policy, 'c')}"
-    admitted = env_admitted(policy, "e.name", _value("e"), _opaque("e"), None, channel=channel)
-    managed = _managed("e.name", mps_client=mps_client)
+    entry = unadmitted_entry(policy, channel, None, "c")
     return (
         f"{containers}.exists(c, has(c.env) && [{container_class('c')}].exists(k, "
-        f"c.env.exists(e, has(e.name) && ({channel_test('e.name', channel)}) && "
-        f"!({managed}) && !({pinned}) && !({admitted}))))"
+        f"c.env.exists(e, {entry})))"
     )
 
 
@@ -1873,6 +1900,219 @@ MESSAGES: Final[Mapping[str, str]] = {
 }
 
 
+# ------------------------------------------------------------------- messages
+
+# A refusal's messageExpression names the first container that breaks the rule and the
+# field, as the core's finding does (rules._container_findings), in the core's redacted
+# form: the apiserver writes a refusal's message to its audit log (responseStatus), where
+# the webhook's log holds only Finding.redacted, so a user's value is "…" here too. The
+# container names and mountPaths the core shows, this shows. Evaluated only when the
+# validation fails, so an admitted pod pays nothing for it; the static message stays as
+# the apiserver's fallback when the expression fails. No cel.bind or lists.range: the
+# apiserver's CEL on 1.30 has neither (a one-element list binds a name, as _parts does).
+_HIDDEN: Final = "\u2026"
+
+
+def _label(x: str) -> str:
+    """``resources.describe`` of container ``x`` (names are unique across the kinds)."""
+    spec = "variables.spec"
+    kinds = [
+        f"has({spec}.{kind}) && {spec}.{kind}.exists(i, i.name == {x}.name) ? "
+        f"{literal(KIND_LABELS[kind] + ' ')} : "
+        for kind in CONTAINER_KINDS[1:]
+    ]
+    return f"({''.join(kinds)}{literal(KIND_LABELS[CONTAINER_KINDS[0]] + ' ')}) + '\"' + {x}.name + '\"'"
+
+
+def _first_offender(rule: str, texts: Callable[[str], str]) -> str:
+    """``[rule] <label>: <text>`` of the first finding (``texts``: a container's, as a CEL
+    list) of the first container that has one, else the static message."""
+    static = literal(f"[{rule}] {MESSAGES[rule]}")
+    prefix = literal(f"[{rule}] ")
+    found = (
+        f"variables.containers.map(x, ({texts('x')}).map(t, {_label('x')} + ': ' + t))"
+        ".filter(f, size(f) > 0)"
+    )
+    return f"[{found}].map(found, size(found) > 0 ? {prefix} + found[0][0] : {static})[0]"
+
+
+def _shown(entry: str) -> str:
+    """The core's ``="…"`` of an inline value, `` from valueFrom`` of a reference."""
+    return f"(has({entry}.valueFrom) ? ' from valueFrom' : '=\"{_HIDDEN}\"')"
+
+
+def _privileged_texts(x: str) -> str:
+    context = f"{x}.securityContext"
+    caps = f"{context}.capabilities"
+    privileged = f"has({context}.privileged) && {context}.privileged == true"
+    added = f"has({caps}) && has({caps}.add) && {caps}.add.exists(a, {_upper('a')} in {_list(sorted(SYS_ADMIN))})"
+    return (
+        f"!has({context}) ? [] : (({privileged}) ? ['privileged in a GPU pod sees every GPU; "
+        "remove securityContext.privileged'] : []) + "
+        f"(({added}) ? ['CAP_SYS_ADMIN in a GPU pod makes the NVIDIA runtime honour any device "
+        "list it asks for; remove it from securityContext.capabilities.add'] : [])"
+    )
+
+
+def _unadmitted_text(policy: Policy, channel: Channel, reader: str) -> str:
+    """``rules._allowlist_finding`` of entry ``e`` in a container of class ``k``: its
+    text, or '' where env.allowed admits it there (``e`` then is of ``channel`` and judged
+    by no rule of its own)."""
+    exact = sorted({a.name for a in policy.env_allowances if not a.prefix})
+    prefixes = sorted({a.name.rstrip("*") for a in policy.env_allowances if a.prefix})
+    listed = f"e.name in {_list(exact)} || {_list(prefixes)}.exists(p, e.name.startsWith(p))"
+    admits = CONTAINER_CLASSES
+    by_class = env_admitted(
+        policy, "e.name", _value("e"), _opaque("e"), None, channel=channel, bound="a"
+    )
+    words = "{" + ", ".join(f"{literal(k)}: {literal(CLASS_WORDS[k])}" for k in admits) + "}"
+    hint = (
+        f"size(w) > 0 ? '; the policy\\'s env.allowed admits it only in ' + "
+        f"w.map(a, {words}[a]).join(' and ') : ({listed}) ? "
+        "'; that value is not one the policy\\'s env.allowed admits' : "
+        "'; no entry of the policy\\'s env.allowed admits it'"
+    )
+    return (
+        f"[{_list(admits)}.filter(a, {by_class})].map(w, k in w ? '' : e.name + {_shown('e')} "
+        f"+ {literal(f' is read by {reader}')} + ({hint}) + '; remove it')[0]"
+    )
+
+
+_LEGACY_TEXTS: Final = (
+    "CUDA_VERSION without NVIDIA_REQUIRE_CUDA makes the NVIDIA runtime hand it every GPU; "
+    "set NVIDIA_VISIBLE_DEVICES=void or request GPUs in limits",
+    "CUDA_VERSION without NVIDIA_REQUIRE_CUDA makes the NVIDIA runtime give a GPU slice "
+    "every driver capability (graphics, display); set NVIDIA_REQUIRE_CUDA or remove "
+    "CUDA_VERSION",
+)
+
+
+def _env_texts(x: str, text: str) -> str:
+    """``text`` (a string, '' for none) of each env entry ``e`` of ``x``, in a container
+    of class ``k``."""
+    return f"(has({x}.env) ? {x}.env.map(e, has(e.name) ? ({text}) : '').filter(t, t != '') : [])"
+
+
+def _visible_texts(policy: Policy, x: str) -> str:
+    """raw-visible-devices of container ``x``, in the core's order: a legacy image, an
+    envFrom prefix, then each env entry (a raw NVIDIA_VISIBLE_DEVICES, a device name
+    env.allowed does not admit)."""
+    harmless = _stripped_in(_value("e"), _HARMLESS_VISIBLE_DEVICES)
+    visible = (
+        f"has(e.valueFrom) ? '{_VISIBLE} from valueFrom; request GPUs in resources.limits' : "
+        f"!({harmless}) ? '{_VISIBLE}=\"{_HIDDEN}\"; remove it, request GPUs in limits' : ''"
+    )
+    unadmitted = _unadmitted_text(policy, "devices", "the NVIDIA container runtime")
+    entry = (
+        f"e.name == {literal(_VISIBLE)} ? ({visible}) : "
+        f"({_judged_entry(policy, 'devices', x)}) ? ({unadmitted}) : ''"
+    )
+    legacy = (
+        f"({_legacy(x)}) ? (!({asks_for_gpu(policy, x)}) ? [{literal(_LEGACY_TEXTS[0])}] : "
+        f"variables.gpu && {x}.env.exists(e, has(e.name) && e.name == 'NVIDIA_REQUIRE_CUDA') && "
+        f"k == 'slice' ? [{literal(_LEGACY_TEXTS[1])}] : []) : []"
+    )
+    spelled = (
+        f"has({x}.envFrom) ? {x}.envFrom.filter(s, has(s.prefix) && s.prefix != '' && "
+        f'({_spells("s.prefix")})).map(s, \'envFrom prefix "{_HIDDEN}" can spell '
+        "NVIDIA_VISIBLE_DEVICES or a HAMi-core switch from a key; remove the prefix') : []"
+    )
+    return f"[{container_class(x)}].map(k, ({legacy}) + ({spelled}) + {_env_texts(x, entry)})[0]"
+
+
+def _tampering_texts(policy: Policy, x: str) -> str:
+    """limit-tampering of container ``x``: each switch that loosens, and why, and each
+    limit name env.allowed does not admit."""
+    why = "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in LOOSENING.items()) + "}"
+    unadmitted = _unadmitted_text(policy, "limits", "HAMi-core or the MPS client")
+    entry = (
+        f"({loosening(policy, 'e')}) ? e.name + {_shown('e')} + ' ' + {why}[e.name] + "
+        f"'; remove it' : ({_judged_entry(policy, 'limits', x)}) ? ({unadmitted}) : ''"
+    )
+    return f"[{container_class(x)}].map(k, {_env_texts(x, entry)})[0]"
+
+
+def _mount_texts(policy: Policy, x: str) -> str:
+    """host-device-access of container ``x``: its GPU runtime class, then each mount that
+    reaches the GPU stack (what it shadows, as ``rules._shadowed`` says) or writes a
+    shared volume."""
+    requests = " || ".join(
+        f"{v}.startsWith({literal(d)})" for v in ("m.mountPath", "q") for d in _DEVICE_REQUEST_DIRS
+    )
+    roots = _list(read_paths(policy).roots)
+    shadowed = (
+        f"{roots}.filter(r, q == r || q.startsWith(r + '/')).map(r, 'a mount at ' + m.mountPath"
+        " + ' shadows ' + r + ', which the GPU stack reads inside the container; mount it "
+        "elsewhere')"
+    )
+    backstep = (
+        "['a mount at ' + m.mountPath + ' names a path the GPU stack reads with \\'..\\'; "
+        "write the path without \\'..\\'']"
+    )
+    shadow = (
+        f"!({_shadow(policy, 'm')}) ? [] : m.mountPath.split('/').exists(s, s == '..') ? "
+        f"{backstep} : [{_normalised('m.mountPath')}].map(q, ({requests}) ? "
+        "['a mount at ' + m.mountPath + ' asks the NVIDIA runtime for devices; request GPUs "
+        f"in limits'] : {shadowed})[0]"
+    )
+    shared = (
+        f"({_read_only_volume(policy, 'm')}) ? ['volume \"' + m.name + '\" is shared with "
+        "every GPU pod on the node; mount it readOnly'] : []"
+    )
+    mounts = f"(has({x}.volumeMounts) ? {x}.volumeMounts.map(m, ({shadow}) + ({shared})) : [])"
+    devices = (
+        f"(has({x}.volumeDevices) ? {x}.volumeDevices.filter(d, {_device_shadow(policy, 'd')})"
+        ".map(d, 'a block device at ' + d.devicePath + ' replaces what the GPU stack reads "
+        "there; put it elsewhere') : [])"
+    )
+    texts = f"{mounts}.filter(t, size(t) > 0).map(t, t[0]) + {devices}"
+    if not policy.gpu_runtime_classes:
+        return texts
+    # A container under a GPU runtime class that asks for no GPU and lacks the void.
+    spec = "variables.spec"
+    runtime = (
+        f"has({spec}.runtimeClassName) && {spec}.runtimeClassName in "
+        f"{_list(sorted(policy.gpu_runtime_classes))} && !({asks_for_gpu(policy, x)}) && "
+        f"!(has({x}.env) && {x}.env.exists(e, e.name == {literal(_VISIBLE)}))"
+    )
+    text = (
+        "'runtimeClassName ' + variables.spec.runtimeClassName + ' hands every GPU to a "
+        "container that asks for none; set NVIDIA_VISIBLE_DEVICES=void or request GPUs in limits'"
+    )
+    return f"(({runtime}) ? [{text}] : []) + {texts}"
+
+
+def _request_texts(policy: Policy, x: str) -> str:
+    """invalid-gpu-request of container ``x``: each GPU resource it gets wrong, its
+    memory asked for twice."""
+    gpu = _gpu_resource(policy)
+    wrong = (
+        f"R.filter(r, ({gpu}) && !(r in L && ({_same_amount('R[r]', 'L[r]')}))) + "
+        f"L.filter(r, ({gpu}) && !([string(L[r])].exists(v, {_valid(policy, 'v')})))"
+    )
+    twice = _asked(policy.memory_resources)
+    texts = (
+        f'({wrong}).map(r, r + \' "{_HIDDEN}" is malformed, out of range, in the wrong unit '
+        "or differs from its request; write plain integers in resources.limits, equal in "
+        f"requests') + (size({twice}) > 1 ? ['asks for memory twice (' + {twice}.join(', ') "
+        "+ '); keep one'] : [])"
+    )
+    return _parts_value(x, texts)
+
+
+def message_expressions(policy: Policy) -> dict[str, str]:
+    """Each container rule's messageExpression (the others' static messages name their
+    field: spec.nodeName, spec.schedulerName, the annotations)."""
+    texts: dict[str, Callable[[str], str]] = {
+        "privileged-gpu": _privileged_texts,
+        "raw-visible-devices": partial(_visible_texts, policy),
+        "host-device-access": partial(_mount_texts, policy),
+        "limit-tampering": partial(_tampering_texts, policy),
+        "invalid-gpu-request": partial(_request_texts, policy),
+    }
+    return {rule: _first_offender(rule, text) for rule, text in texts.items()}
+
+
 def _pod_rule(test: PodTest) -> str:
     """``test`` of the object; on a pod UPDATE only when the old pod passed it."""
     new = test("variables.containers", "variables.gpu", "variables.spec")
@@ -2066,11 +2306,16 @@ def policy_name(action: Action, *, sources: bool = False) -> str:
 SOURCES_SUFFIX: Final = "-sources"
 # Every name validating_policies can render, whatever the policy: the install's RBAC
 # lets the webhook update and delete these and no other.
-POLICY_NAMES: Final = tuple(
-    policy_name(action, sources=sources)
-    for sources in (False, True)
-    for action in VALIDATION_ACTIONS
+POLICY_NAMES: Final = (
+    *(
+        policy_name(action, sources=sources)
+        for sources in (False, True)
+        for action in VALIDATION_ACTIONS
+    ),
+    f"{NAME_PREFIX}overrides",
 )
+# The policy that warns what the MutatingAdmissionPolicy replaced (_override_policies).
+OVERRIDES_POLICY: Final = POLICY_NAMES[-1]
 
 
 # ------------------------------------------------------------------- written sources
@@ -2192,18 +2437,20 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
     ValidatingAdmissionPolicy holding each such rule as a validation, and its binding."""
     by_action: dict[Action, list[Obj]] = {}
     expressions: dict[Action, dict[str, str]] = {}
+    messages = message_expressions(policy)
     for rule, expression in rule_expressions(policy).items():
         action = policy.action(rule)
         if action == "off":
             continue
         expressions.setdefault(action, {})[rule] = expression
-        by_action.setdefault(action, []).append(
-            {
-                "expression": expression,
-                "message": f"[{rule}] {MESSAGES[rule]}",
-                "reason": "Forbidden",
-            }
-        )
+        validation = {
+            "expression": expression,
+            "message": f"[{rule}] {MESSAGES[rule]}",
+            "reason": "Forbidden",
+        }
+        if rule in messages:
+            validation["messageExpression"] = messages[rule]
+        by_action.setdefault(action, []).append(validation)
     objects: list[Obj] = []
     shared = [*variables(policy), *request_variables(policy)]
     # The webhooks' scope first: a pod or workload outside it breaks no rule (scope is a
@@ -2250,7 +2497,104 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
             }
         )
     objects.extend(_source_policies(policy, namespace))
+    objects.extend(_override_policies(policy, namespace))
     return objects
+
+
+# ------------------------------------------------------------------- overrides
+
+# Where the MutatingAdmissionPolicy records what it replaced (a memory limit, an SM limit,
+# a switch, an MPS value the pod set): one line each, in the core's redacted words. On
+# 1.36 the apiserver runs the MutatingAdmissionPolicies before the
+# ValidatingAdmissionPolicies (kubernetes/kubernetes pkg/kubeapiserver/options/plugins.go
+# AllOrderedPlugins, lines 114-117 @ 008b3652), and a validation sees only the object
+# after every mutation: ``oldObject`` is null on a create and ``request`` carries no object
+# (k8s.io/apiserver admission/plugin/cel CreateAdmissionRequest). A MutatingAdmissionPolicy
+# has no warnings, but it evaluates its mutations in order on the object as each leaves it
+# (staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/mutating/dispatcher.go:181-193
+# @ 072a6776, each through dispatchOne, which ends in versionedAttributes.UpdateObject):
+# its first mutation reads the object as it came and writes this annotation, which the
+# gpushare-overrides policy turns into warnings.
+OVERRIDES_ANNOTATION: Final = "gpushare.io/overridden"
+# ... and a label of the same key: the policy's objectSelector, which the apiserver
+# matches before any CEL (admission/plugin/policy/generic/policy_dispatcher.go @ 072a6776,
+# Dispatch: DefinitionMatches and BindingMatches, then the evaluator), so a pod without it
+# pays nothing for the policy.
+OVERRIDES_LABEL_VALUE: Final = "true"
+# One warning per line, as the webhook's; past this many the last names the annotation.
+MAX_OVERRIDE_WARNINGS: Final = 8
+_OVERRIDE_ACTIONS: Final[Mapping[Action, list[str]]] = {
+    "deny": ["Warn"],
+    "warn": ["Warn"],
+    "audit": ["Audit"],
+}
+
+
+def _override_policies(policy: Policy, namespace: str) -> list[Obj]:
+    """The warnings of what the MutatingAdmissionPolicy replaced, as the webhook's (the
+    core warns under limit-tampering, at most: deny and warn warn, audit records, off is
+    silent). Only an object whose annotation this request wrote or changed is evaluated:
+    a pod is mutated when created, a workload again when updated."""
+    action = policy.action("limit-tampering")
+    if action == "off":
+        return []
+    key = literal(OVERRIDES_ANNOTATION)
+    new = "object.metadata"
+    old = "oldObject.metadata"
+    written = (
+        f"has({new}.annotations) && {key} in {new}.annotations && (oldObject == null || "
+        f"!(has({old}.annotations) && {key} in {old}.annotations && "
+        f"{old}.annotations[{key}] == {new}.annotations[{key}]))"
+    )
+    last = MAX_OVERRIDE_WARNINGS - 1
+    more = (
+        f"(size(variables.overrides) > {MAX_OVERRIDE_WARNINGS} ? ' (and ' + "
+        f"string(size(variables.overrides) - {MAX_OVERRIDE_WARNINGS}) + "
+        f"{literal(f' more in annotation {OVERRIDES_ANNOTATION})')} : '')"
+    )
+    validations = [
+        {
+            "expression": f"size(variables.overrides) <= {i}",
+            "messageExpression": f"'[limit-tampering] ' + variables.overrides[{i}]"
+            + (f" + {more}" if i == last else ""),
+            "message": "[limit-tampering] the gpushare mutation replaced a value the pod set; "
+            f"see annotation {OVERRIDES_ANNOTATION}",
+        }
+        for i in range(MAX_OVERRIDE_WARNINGS)
+    ]
+    name = OVERRIDES_POLICY
+    conditions = [
+        *match_conditions(policy),
+        {"name": "gpushare.io/overridden", "expression": written},
+    ]
+    constraints = match_constraints(namespace)
+    constraints["objectSelector"] = {"matchLabels": {OVERRIDES_ANNOTATION: OVERRIDES_LABEL_VALUE}}
+    spec: Obj = {
+        "failurePolicy": "Ignore",
+        "matchConstraints": constraints,
+        "matchConditions": conditions,
+        "variables": [
+            {
+                "name": "overrides",
+                "expression": f"object.metadata.annotations[{key}].split('\\n')",
+            }
+        ],
+        "validations": validations,
+    }
+    binding = {
+        "policyName": name,
+        "validationActions": _OVERRIDE_ACTIONS[action],
+        "matchResources": constraints,
+    }
+    return [
+        {
+            "apiVersion": API_VERSION,
+            "kind": kind,
+            "metadata": {"name": name, "labels": dict(LABELS)},
+            "spec": body,
+        }
+        for kind, body in ((POLICY_KIND, spec), (BINDING_KIND, binding))
+    ]
 
 
 # The written objects pods take env and devices from (objects.JUDGED_KINDS).

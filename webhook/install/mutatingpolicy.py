@@ -28,7 +28,11 @@ Patch types, per field:
   mutating webhook did in between (reinvocationPolicy IfNeeded). It cannot remove a
   list entry, nor replace a field it does not set (an entry's ``valueFrom``, a mount's
   ``subPath``): merged into such an entry, the pod would carry both and be refused.
-- So a JSONPatch runs first and removes, by index from the last, only what the
+- First a JSONPatch records what the others will replace (a user's limit, switch, MPS
+  value, mount or volume), read on the object as it came, in the annotation and label
+  ``gpushare.io/overridden``, for the ``gpushare-overrides`` ValidatingAdmissionPolicy
+  to warn (:func:`_record`): a MutatingAdmissionPolicy has no warnings of its own.
+- Then a JSONPatch removes, by index from the last, only what the
   apply cannot fix: an env entry of a wanted name that takes ``valueFrom`` or that a
   later entry of the same name repeats, a stray vGPU limit variable, a mount at one of
   the injected mountPaths that differs from the injected one, a volume of an injected
@@ -58,9 +62,9 @@ from webhook.core.injection import (
     Injection,
     injection_for,
 )
-from webhook.core.mutation import VOID
+from webhook.core.mutation import UNREPORTED, VOID
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
-from webhook.core.resources import MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
+from webhook.core.resources import KIND_LABELS, MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
 from webhook.core.whole import REQUIRED
 from webhook.core.workload import KINDS_BY_PATH
 from webhook.install import celpolicy
@@ -81,6 +85,7 @@ VOID_POLICY: Final = "gpushare-void"
 POLICY_NAMES: Final = (MUTATE, VOID_POLICY)
 
 _VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
+_HIDDEN: Final = "\u2026"  # a user's value, as finding.redacted writes it
 _PRIORITY: Final = "^[ \\t\\n\\r\\f\\v]*-?[0-9]{1,9}[ \\t\\n\\r\\f\\v]*$"
 
 
@@ -554,16 +559,118 @@ def _removals(policy: Policy, mode: Mode) -> str:
         f"v.name in {_list(names)} && !({volume_kept})))"
         f"{_remove('variables.pointer + ' + literal('/volumes/'))})"
     )
-    # Each mutation is evaluated on its own (``variables.wants`` again), and most pods
-    # hold nothing to remove: a scan of names and paths first skips that work.
+    return f"(({_suspect(policy, mode)}) ? ({' + '.join(parts)}) : [])"
+
+
+def _suspect(policy: Policy, mode: Mode) -> str:
+    """Some container sets a name the mutation sets in ``mode`` or mounts at one of its
+    paths, or the pod has a volume of one of its names: else there is nothing to remove
+    nor to report replaced. Each mutation is evaluated on its own (``variables.wants``
+    again), and most pods hold nothing of the kind: a scan of names and paths first
+    skips that work."""
+    spec = "variables.spec"
+    injection = injection_for(mode, policy)
+    paths = [m["mountPath"] for m in injection.mounts]
+    names = [v["name"] for v in injection.volumes]
     containers = f"({_POD_CONTAINERS})"
-    suspect = (
+    return (
         f"{containers}.exists(c, (has(c.env) && c.env.exists(e, e.name.startsWith('CUDA_') || "
         f"e.name in {_list(_SET_OUTSIDE_CUDA)})) || (has(c.volumeMounts) && "
         f"c.volumeMounts.exists(m, m.mountPath in {_list(paths)}))) || "
         f"(has({spec}.volumes) && {spec}.volumes.exists(v, v.name in {_list(names)}))"
     )
-    return f"(({suspect}) ? ({' + '.join(parts)}) : [])"
+
+
+def _overridden(policy: Policy, mode: Mode) -> str:
+    """What the mutation replaces in a pod (or template) of ``mode``, in the core's
+    redacted words and order (``mutation.Patch.overwritten``): the injected volumes of
+    another source, then per sharing container the last entry of each wanted name with
+    another value (or valueFrom), the stray vGPU limits (from the last), the mounts at
+    the injected paths that differ. Read on the object as it came in: this mutation
+    runs first."""
+    spec = "variables.spec"
+    injection = injection_for(mode, policy)
+    volume_kept = " || ".join(
+        f"(v.name == {literal(v['name'])} && {_same_volume('v', v)})" for v in injection.volumes
+    )
+    names = _list(v["name"] for v in injection.volumes)
+    volumes = (
+        f"(has({spec}.volumes) ? {spec}.volumes : []).filter(v, v.name in {names} && "
+        f"!({volume_kept or 'false'})).map(v, 'pod: volume ' + v.name + "
+        "' replaced by the injected one')"
+    )
+    mount_kept = " || ".join(
+        f"(m.mountPath == {literal(m['mountPath'])} && {_same_mount('m', m)})"
+        for m in injection.mounts
+    )
+    paths = _list(m["mountPath"] for m in injection.mounts)
+    unreported = _list(sorted(UNREPORTED))
+    replaced = (
+        f"variables.wants[c.name].filter(w, !(w['name'] in {unreported})).map(w, "
+        "cel.bind(es, env.filter(e, e.name == w['name']), size(es) == 0 ? '' : "
+        "cel.bind(e, es[size(es) - 1], cel.bind(by, ' replaced by \\\"' + w['value'] + '\\\"', "
+        "has(e.valueFrom) ? label + w['name'] + ' valueFrom' + by : "
+        f"(has(e.value) ? e.value : '') != w['value'] ? label + w['name'] + ' \\\"{_HIDDEN}\\\"' + by "
+        ": '')))).filter(t, t != '')"
+    )
+    stray = (
+        "env.filter(e, (e.name.startsWith('CUDA_DEVICE_MEMORY_LIMIT') || "
+        "e.name.startsWith('CUDA_DEVICE_SM_LIMIT_')) && !variables.wants[c.name].exists(w, "
+        "w['name'] == e.name)).reverse().map(e, label + e.name + "
+        "' removed (limits come from resources)')"
+        if mode == "vgpu"
+        else "[]"
+    )
+    mounts = (
+        f"(has(c.volumeMounts) ? c.volumeMounts : []).filter(m, m.mountPath in {paths} && "
+        f"!({mount_kept or 'false'})).map(m, label + 'mount ' + m.mountPath + "
+        "' replaced by the injected one')"
+    )
+    per_kind = [
+        f"(has({spec}.{kind}) ? {spec}.{kind} : []).filter(c, c.name in variables.wants)"
+        f".map(c, cel.bind(label, {literal(KIND_LABELS[kind] + ' ')} + '\"' + c.name + "
+        "'\": ', cel.bind(env, has(c.env) ? c.env : [], "
+        f"{replaced} + {stray} + {mounts}))).flatten()"
+        for kind in _KINDS
+    ]
+    return " + ".join([volumes, *per_kind])
+
+
+def _set(field: str, key: str, value: str) -> str:
+    """A JSONPatch op that sets ``key`` of the object's ``metadata.<field>`` to ``value``
+    (a map of strings where it has none: no Object{} initializer, kubernetes#142181)."""
+    return (
+        f"has(object.metadata.{field}) ? JSONPatch{{op: 'add', path: '/metadata/{field}/' + "
+        f"jsonpatch.escapeKey({key}), value: {value}}} : JSONPatch{{op: 'add', "
+        f"path: '/metadata/{field}', value: {{{key}: {value}}}}}"
+    )
+
+
+def _record(policy: Policy) -> str:
+    """A JSONPatch that writes what the mutation replaces into the object's own
+    annotation ``celpolicy.OVERRIDES_ANNOTATION`` (one line each), for the warning
+    ValidatingAdmissionPolicy to read, and the label of the same key, which that
+    policy's objectSelector asks for: an object without it costs no CEL there. A
+    MutatingAdmissionPolicy has no warnings of its own, and a validation sees only the
+    mutated object. Nothing replaced, nothing written: on a reinvocation the values are
+    ours, and what the first pass wrote stays."""
+    found = _by_mode(
+        {
+            "vgpu": f"(variables.library && ({_suspect(policy, 'vgpu')}) ? "
+            f"{_overridden(policy, 'vgpu')} : [])",
+            "mps": f"(({_suspect(policy, 'mps')}) ? {_overridden(policy, 'mps')} : [])",
+        },
+        "[]",
+    )
+    key = literal(celpolicy.OVERRIDES_ANNOTATION)
+    # Once each, as the core reports a finding (a name repeated is removed twice).
+    once = "lists.range(size(all)).filter(i, !lists.range(i).exists(j, all[j] == all[i]))"
+    annotation = _set("annotations", key, "found.join('\\n')")
+    label = _set("labels", key, literal(celpolicy.OVERRIDES_LABEL_VALUE))
+    return (
+        f"cel.bind(all, {found}, cel.bind(found, {once}.map(i, all[i]), "
+        f"size(found) == 0 ? [] : [{annotation}, {label}]))"
+    )
 
 
 def _node_selector(policy: Policy) -> str:
@@ -631,13 +738,14 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         )
         nvidia = f"({runtime}) || {nvidia}"
     nvidia = f"({nvidia}) && !({gpu})"
-    patch = _by_mode(
+    removals = _by_mode(
         {
             "vgpu": f"(variables.library ? {_removals(policy, 'vgpu')} : [])",
             "mps": f"{_removals(policy, 'mps')} + {_node_selector(policy)}",
         },
         _pool_ops(policy),
     )
+    patch = removals
     mutate: Obj = {
         "failurePolicy": "Fail",
         "matchConstraints": constraints,
@@ -645,6 +753,10 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         "reinvocationPolicy": "IfNeeded",
         "variables": shared,
         "mutations": [
+            # What the others replace, read on the object as it came: a mutation of its
+            # own, as each has its own cost budget (a large pod's removals take much of
+            # theirs); it scans names first, as the removals do.
+            {"patchType": "JSONPatch", "jsonPatch": {"expression": unbind(_record(policy))}},
             {"patchType": "JSONPatch", "jsonPatch": {"expression": unbind(patch)}},
             {
                 "patchType": "ApplyConfiguration",
