@@ -978,6 +978,31 @@ def test_zero_amounts_are_judged_as_the_core_judges_them(api: Api, ns: str, shap
     assert api.create("Pod", ns, mutated).status == 201
 
 
+_GPU_CLASS: Final = "deviceclass.resource.kubernetes.io/gpu.nvidia.com"
+
+
+@pytest.mark.parametrize(
+    ("amounts", "refused"),
+    [
+        ({"nvidia.com/mig-1g.5gb": "0", _GPU_CLASS: "1"}, True),
+        ({"nvidia.com/gpu": "0", _GPU_CLASS: "2"}, True),
+        ({_GPU_CLASS: "0"}, False),
+    ],
+)
+def test_a_zero_beside_a_gpu_class_resource_leaves_the_class_asked(
+    api: Api, ns: str, amounts: Obj, refused: bool
+) -> None:
+    """A zero count or MIG instance asks for no GPU of the policy's, and says nothing of a
+    DRA class asked for by its extended resource beside it: gpu-claim still sees that."""
+    trainer = _c("trainer", gpu=False, resources={"limits": amounts, "requests": amounts})
+    pod = _pod("p", trainer)
+    expected = core_denials(pod, ns)
+    assert ("gpu-claim" in expected) == refused, expected
+    sent = api.create("Pod", ns, pod)
+    assert vap_rules(sent) <= expected, (sent.status, sent.body)
+    assert (sent.status == 201) == (not expected), (sent.status, sent.body)
+
+
 @pytest.mark.parametrize("attack", [None, *sorted(KAI_ATTACKS)])
 def test_kai_fractions_take_devices_only_from_the_binders_config_map(
     api: Api, ns: str, attack: str | None

@@ -59,7 +59,7 @@ from webhook.core.resources import (
     asks_for_gpu,
     container_class,
     describe,
-    vacant,
+    is_zero,
 )
 from webhook.core.whole import pool_selection
 from webhook.core.workload import MAPPINGS, PodView, as_mapping
@@ -1020,13 +1020,15 @@ def _class_resources(spec: Mapping[str, Any], policy: Policy) -> list[tuple[str,
             if not isinstance(container, MAPPINGS):
                 continue
             resources = container.get("resources")
-            if resources is None or vacant(container, policy):
+            if resources is None:
                 continue
             resources = as_mapping(resources)
             for part in ("limits", "requests"):
                 amounts = as_mapping(resources.get(part))
                 for name, device_class in wanted:
-                    if name in amounts:
+                    # A zero amount asks for nothing (the kubelet allocates none); a zero
+                    # of another GPU resource beside it leaves it asked.
+                    if name in amounts and not is_zero(amounts[name]):
                         item = (_label(kind, container), device_class)
                         if item not in found:  # in limits and requests: once
                             found.append(item)

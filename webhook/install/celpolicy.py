@@ -411,14 +411,28 @@ def container_list(spec: str) -> str:
     return " + ".join(f"(has({spec}.{kind}) ? {spec}.{kind} : [])" for kind in CONTAINER_KINDS)
 
 
-def names_test(container: str, test: str) -> str:
+def names_test(container: str, test: str, *, bind: bool = False) -> str:
     """``container`` names a resource ``r`` (in limits or requests) that passes ``test``,
-    whatever its amount."""
+    whatever its amount (with ``bind``, ``test`` reads it as ``X[r]``)."""
     c = container
+    parts = [f"{c}.resources.{part}" for part in ("limits", "requests")]
+    if bind:
+        return (
+            f"has({c}.resources) && ("
+            + " || ".join(f"(has({p}) && [{p}].exists(X, X.exists(r, {test})))" for p in parts)
+            + ")"
+        )
     return (
         f"has({c}.resources) && ("
-        f"(has({c}.resources.limits) && {c}.resources.limits.exists(r, {test})) || "
-        f"(has({c}.resources.requests) && {c}.resources.requests.exists(r, {test})))"
+        + " || ".join(f"(has({p}) && {p}.exists(r, {test}))" for p in parts)
+        + ")"
+    )
+
+
+def _zero(amount: str) -> str:
+    """The quantity text ``amount`` is one the apiserver reads as zero (``is_zero``)."""
+    return (
+        f"isQuantity(string({amount})) && quantity(string({amount})).compareTo(quantity('0')) == 0"
     )
 
 
@@ -432,7 +446,7 @@ def vacant(policy: Policy, container: str) -> str:
     )
     priorities = sorted(policy.priority_resources)
     other = f"r in {_list(priorities)} || " if priorities else ""
-    zero = f"!({other}!isQuantity(string(X[r])) || quantity(string(X[r])).compareTo(quantity('0')) != 0)"
+    zero = f"!({other}!({_zero('X[r]')}))"
     counts = sorted(policy.count_resources)
     counted = f"r in {_list(counts)} || " if counts else ""
     return (
@@ -2186,7 +2200,13 @@ def _claims(policy: Policy) -> str:
         return "true"
     classes = sorted(DEVICE_CLASS_RESOURCE + c for c in policy.gpu_device_classes)
     allowed = _glob_test("request.namespace", policy.claim_namespaces)
-    asked = _requests(policy, "variables.containers", f"r in {_list(classes)}")
+    # By the amount of the class resource alone (rules._class_resources): a zero of
+    # another GPU resource beside it leaves it asked.
+    asked = (
+        "variables.containers.exists(c, "
+        + names_test("c", f"r in {_list(classes)} && !({_zero('X[r]')})", bind=True)
+        + ")"
+    )
     return f"!(variables.created && !({allowed}) && {asked})"
 
 
