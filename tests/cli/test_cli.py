@@ -172,3 +172,23 @@ def test_serve_on_a_port_in_use_names_it_in_one_line(
     assert "Traceback" not in result.stderr
     assert "Warning" not in result.stderr, result.stderr
     assert "Exception ignored" not in result.stderr, result.stderr
+
+
+def test_review_and_lint_show_exceptions_and_their_expiry() -> None:
+    policy = str(EXAMPLES / "exceptions.yaml")
+    pod = str(MANIFESTS / "privileged-sidecar.yaml")
+    within = run("review", "--policy", policy, "--today", "2027-01-05", "-f", pod)
+    assert within.returncode == 0, within.stderr
+    assert 'except privileged-gpu: container "sidecar"' in within.stdout
+    assert "(exception ml-sidecar-debugger)" in within.stdout
+    past = run("review", "--policy", policy, "--today", "2027-07-01", "-f", pod, "-o", "json")
+    assert past.returncode == 1
+    (entry,) = json.loads(past.stdout)
+    assert "excepted" not in entry and not entry["allowed"]
+    assert "exception ml-sidecar-debugger (owner ml-platform@example.com) expired" in past.stderr
+    lint = run("lint", "--today", "2027-07-01", policy)
+    assert lint.returncode == 0, lint.stderr
+    assert "warning: exception ml-sidecar-debugger" in lint.stdout
+    assert "warning" not in run("lint", "--today", "2027-06-30", policy).stdout
+    bad = run("lint", "--today", "2027-02-30", policy)
+    assert bad.returncode == 2 and "is no date" in bad.stderr and "Traceback" not in bad.stderr

@@ -989,3 +989,93 @@ def test_only_kais_binder_writes_devices_into_its_config_maps(
         request = Request(kind="ConfigMap", operation=operation, namespace="ml", username=username)
         decision = decide(obj, request, DEFAULT_POLICY, phase="validate")
         assert decision.allowed == admitted, decision.violations
+
+
+# ------------------------------------------------------------------ exceptions
+
+EXCEPTED = parse_policy(
+    """
+apiVersion: gpushare.io/v1alpha1
+kind: GPUSharePolicy
+spec:
+  exceptions:
+    - name: privileged-trainer
+      rules: [privileged-gpu]
+      namespaces: [ml]
+      reason: the trainer needs its device nodes until the rewrite
+      owner: ml-platform
+      expires: 2027-03-31
+    - name: operator-validator
+      rules: [raw-visible-devices]
+      serviceAccounts: [gpu-operator/*]
+      reason: the operator's validator
+      owner: platform
+"""
+)
+PRIVILEGED: Final = gpu_pod(
+    containers=[
+        {
+            "name": "main",
+            "image": "cuda:12",
+            "securityContext": {"privileged": True},
+            "resources": {"limits": {"nvidia.com/gpumem": "3000"}},
+        }
+    ]
+)
+
+
+def _validate(obj: dict[str, Any], *, namespace: str, username: str = "", today: str) -> Any:
+    request = Request(kind="Pod", namespace=namespace, username=username, groups=(), today=today)
+    return decide(obj, request, EXCEPTED, phase="validate")
+
+
+def test_an_exception_takes_its_rule_off_in_its_namespace_and_says_so() -> None:
+    decision = _validate(PRIVILEGED, namespace="ml", today="2027-01-10")
+    assert "privileged-gpu" not in {v["rule"] for v in decision.violations}
+    assert decision.excepted == [
+        {
+            "rule": "privileged-gpu",
+            "exception": "privileged-trainer",
+            "message": decision.excepted[0]["message"],
+        }
+    ]
+    assert 'container "main"' in decision.excepted[0]["message"]
+    # Other rules stay: the unmutated pod is still refused for what it lacks.
+    assert {v["rule"] for v in decision.violations} == {"unmutated-gpu-pod"}
+
+
+@pytest.mark.parametrize(
+    ("namespace", "today"),
+    [("ml", "2027-04-01"), ("ml", ""), ("other", "2027-01-10")],
+    ids=["past-its-last-day", "no-clock", "another-namespace"],
+)
+def test_outside_its_scope_or_days_an_exception_takes_nothing_off(
+    namespace: str, today: str
+) -> None:
+    decision = _validate(PRIVILEGED, namespace=namespace, today=today)
+    assert "privileged-gpu" in {v["rule"] for v in decision.violations}
+    assert decision.excepted == []
+
+
+def test_an_exception_by_requester_holds_for_that_requester_alone() -> None:
+    raw = gpu_pod(
+        containers=[
+            {
+                "name": "validator",
+                "image": "cuda:12",
+                "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}],
+            }
+        ]
+    )
+    validator = "system:serviceaccount:gpu-operator:nvidia-operator-validator"
+    by_validator = _validate(raw, namespace="gpu-operator", username=validator, today="")
+    by_tenant = _validate(raw, namespace="gpu-operator", username="alice", today="")
+    assert [e["rule"] for e in by_validator.excepted] == ["raw-visible-devices"]
+    assert by_validator.allowed
+    assert not by_tenant.allowed and by_tenant.excepted == []
+
+
+def test_review_shows_what_an_exception_took_off() -> None:
+    entry = review_object(PRIVILEGED, EXCEPTED, namespace="ml", today="2027-01-10")
+    assert [e["exception"] for e in entry.get("excepted", [])] == ["privileged-trainer"]
+    assert entry["allowed"]

@@ -353,3 +353,109 @@ def test_a_slice_implies_the_count_of_its_own_family() -> None:
         "volcano.sh/vgpu-memory": "volcano.sh/vgpu-number",
         "volcano.sh/vgpu-memory-percentage": "volcano.sh/vgpu-number",
     }
+
+
+# ------------------------------------------------------------------ exceptions
+
+EXCEPTIONS = """\
+apiVersion: gpushare.io/v1alpha1
+kind: GPUSharePolicy
+metadata: {name: with-exceptions}
+spec:
+  exceptions:
+    - name: legacy-training
+      rules: [host-device-access, privileged-gpu]
+      namespaces: [ml-legacy, "research-*"]
+      reason: the old trainer mounts /dev/nvidia-caps until its rewrite
+      owner: ml-platform@example.com
+      expires: 2027-03-31
+    - name: gpu-operator-validator
+      rules: [raw-visible-devices]
+      serviceAccounts: [gpu-operator/nvidia-operator-validator]
+      reason: the operator's validator sets NVIDIA_VISIBLE_DEVICES=all
+      owner: platform
+"""
+
+
+def test_exceptions_compile_with_their_scope_reason_owner_and_last_day() -> None:
+    policy = parse_policy(EXCEPTIONS)
+    first, second = policy.exceptions
+    assert first.name == "legacy-training"
+    assert first.rules == {"host-device-access", "privileged-gpu"}
+    assert first.namespaces == ("ml-legacy", "research-*")
+    # A bare YAML date is the day written, as text.
+    assert first.expires == "2027-03-31" and second.expires is None
+    assert second.requesters.service_accounts == ("gpu-operator/nvidia-operator-validator",)
+    assert first.owner == "ml-platform@example.com" and "nvidia-caps" in first.reason
+
+
+def test_an_exception_applies_in_its_scope_until_its_last_day() -> None:
+    policy = parse_policy(EXCEPTIONS)
+    first, second = policy.exceptions
+
+    def trainer(rule: str, *, namespace: str = "research-7", today: str) -> bool:
+        return first.covers(rule, namespace=namespace, username="alice", groups=(), today=today)
+
+    assert trainer("privileged-gpu", today="2027-03-31")
+    assert not trainer("privileged-gpu", today="2027-04-01")
+    assert not trainer("limit-tampering", today="2027-01-01")
+    assert not trainer("privileged-gpu", namespace="ml", today="2027-01-01")
+    # Without a clock an exception with an end is taken as past it: it only loosens.
+    assert not trainer("privileged-gpu", today="")
+
+    def validator(username: str) -> bool:
+        return second.covers(
+            "raw-visible-devices", namespace="gpu-operator", username=username, groups=(), today=""
+        )
+
+    account = "system:serviceaccount:gpu-operator:nvidia-operator-validator"
+    assert validator(account) and not validator("alice")
+    found = policy.exception_for(
+        "raw-visible-devices", namespace="x", username=account, groups=(), today=""
+    )
+    assert found is second
+
+
+@pytest.mark.parametrize(
+    ("entry", "problem"),
+    [
+        ("rules: [privileged-gpu]\n      reason: r\n      owner: o", "names no namespaces"),
+        (
+            "rules: [no-such-rule]\n      namespaces: [a]\n      reason: r\n      owner: o",
+            "'no-such-rule' is not one of",
+        ),
+        (
+            "rules: [privileged-gpu]\n      namespaces: [a]\n      owner: o",
+            "'reason' is a required",
+        ),
+        (
+            "rules: [privileged-gpu]\n      namespaces: [a]\n      reason: r\n      owner: o\n"
+            "      expires: 2027-02-30",
+            "'2027-02-30' is no date",
+        ),
+        (
+            "rules: [privileged-gpu]\n      namespaces: [a]\n      reason: r\n      owner: o\n"
+            "      podSelector: {app: x}",
+            "unknown field",
+        ),
+    ],
+)
+def test_a_bad_exception_is_refused_with_its_line(entry: str, problem: str) -> None:
+    text = (
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  exceptions:\n"
+        f"    - name: e\n      {entry}\n"
+    )
+    with pytest.raises(PolicyError) as raised:
+        parse_policy(text)
+    assert any(problem in error and error.startswith("line ") for error in raised.value.errors), (
+        raised.value.errors
+    )
+
+
+def test_an_exception_named_twice_is_refused() -> None:
+    entry = "    - name: e\n      rules: [privileged-gpu]\n      namespaces: [a]\n"
+    entry += "      reason: r\n      owner: o\n"
+    text = "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  exceptions:\n"
+    with pytest.raises(PolicyError) as raised:
+        parse_policy(text + entry + entry)
+    assert any("e is named twice" in error for error in raised.value.errors)

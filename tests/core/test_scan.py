@@ -195,7 +195,9 @@ def test_a_report_holds_failures_and_warnings_capped_with_the_overflow_counted()
     assert body["summary"] == {"pass": 0, "fail": 6, "warn": 1, "error": 0, "skip": 0}
     assert [r["resources"][0]["name"] for r in body["results"]] == ["p0", "p1", "p2"]
     assert body["metadata"]["annotations"] == {OMITTED: "4"}
-    assert body["configuration"] == {"limits": {"maxResults": 3, "statusFilter": ["fail", "warn"]}}
+    assert body["configuration"] == {
+        "limits": {"maxResults": 3, "statusFilter": ["fail", "warn", "skip"]}
+    }
     first = body["results"][0]
     assert first == {
         "source": "gpushare-webhook",
@@ -232,3 +234,40 @@ def test_an_unchanged_scan_gives_the_same_report() -> None:
     held = orjson.loads(orjson.dumps(body)) | {"metadata": {"resourceVersion": "7"}}
     assert same_report(held, again)
     assert not same_report(held, report_body("ml", results[:1], policy="x", found=lambda _r: 5))
+
+
+def test_what_an_exception_takes_off_is_reported_skipped_and_once_expired_failing() -> None:
+    policy = policy_with(
+        "  exceptions:\n"
+        "    - {name: legacy, rules: [scheduler-bypass], namespaces: [ml], reason: r,\n"
+        "       owner: team-a, expires: 2027-06-30}\n"
+        "    - {name: bot, rules: [scheduler-bypass], users: [ci], reason: r, owner: o}"
+    )
+    pod = admitted(gpu_pod()) | {"spec": gpu_pod(schedulerName="mine")["spec"]}
+
+    def bypass(pod: dict[str, Any], today: str) -> Result:
+        (found,) = [
+            r
+            for r in judge_pod(pod, policy, cluster=None, today=today)
+            if r.rule != "unmutated-gpu-pod"
+        ]
+        return found
+
+    skipped = bypass(pod, "2027-06-30")
+    assert (skipped.rule, skipped.status, skipped.exception) == (
+        "scheduler-bypass",
+        "skip",
+        "legacy",
+    )
+    failing = bypass(pod, "2027-07-01")
+    assert (failing.status, failing.exception, failing.expired) == ("fail", "legacy", "2027-06-30")
+    body = report_body("ml", [skipped, failing], policy="p", found=lambda _: 0)
+    assert body["summary"]["skip"] == 1 and body["summary"]["fail"] == 1
+    # The failure first; the skipped one last, with its exception.
+    assert [r["result"] for r in body["results"]] == ["fail", "skip"]
+    assert body["results"][0]["properties"]["expiredException"] == "legacy (expired 2027-06-30)"
+    assert body["results"][1]["properties"]["exception"] == "legacy"
+    # An exception by requester cannot be told on a running pod: it takes nothing off.
+    elsewhere = pod | {"metadata": {**pod["metadata"], "namespace": "other"}}
+    other = bypass(elsewhere, "2027-01-01")
+    assert other.status == "fail" and other.exception == ""

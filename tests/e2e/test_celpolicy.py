@@ -213,6 +213,7 @@ def core_denials(obj: Any, namespace: str, policy: Policy = POLICY, **request: A
             namespace=namespace,
             username=request.get("username", ""),
             groups=tuple(request.get("groups", ())),
+            today=request.get("today", ""),
         )
         validated = {v["rule"] for v in decide(obj, facts, policy, phase="validate").denials}
         # A container the webhook would void (a legacy CUDA image, one under a GPU
@@ -2192,3 +2193,109 @@ def test_region_and_priority_are_judged_as_the_core_judges_them(
         got = vap_rules(sent)
         # A denial names the first refusing policy: compare that one.
         assert got <= want and bool(got) == bool(want), (name, value, container, got, want)
+
+
+# ------------------------------------------------------------------ exceptions
+
+EXCEPT_LABEL: Final = "gpushare.io/cel-exceptions"
+
+
+def _exceptions_policy() -> Policy:
+    from webhook.policies import parse_policy
+
+    return parse_policy(
+        """
+apiVersion: gpushare.io/v1alpha1
+kind: GPUSharePolicy
+spec:
+  exceptions:
+    - name: trainer
+      rules: [privileged-gpu]
+      namespaces: [cel-except-a]
+      reason: the trainer's device nodes
+      owner: ml-platform
+      expires: 2999-12-31
+    - name: lapsed
+      rules: [host-device-access]
+      namespaces: [cel-except-a]
+      reason: ended
+      owner: ml-platform
+      expires: 2001-01-01
+    - name: ci-bot
+      rules: [raw-visible-devices]
+      users: [ci-bot]
+      namespaces: [cel-except-a, cel-except-b]
+      reason: the CI's GPU smoke test
+      owner: platform
+"""
+    )
+
+
+def test_exceptions_take_their_rule_off_as_the_core_does(cel_cluster: DevCluster, api: Api) -> None:
+    """A policy's exceptions, rendered on today, refuse and admit as the core does on
+    today: in their namespaces, for their requester, not past their last day (the
+    default policy's bindings only warn in these namespaces)."""
+    from kubernetes import client
+
+    policy = _exceptions_policy()
+    today = time.strftime("%Y-%m-%d", time.gmtime())
+    objects = validating_policies(policy, today=today)
+    for obj in objects:
+        obj["metadata"]["name"] += "-except"
+        if obj["kind"] == "ValidatingAdmissionPolicyBinding":
+            obj["spec"]["policyName"] += "-except"
+            selector = obj["spec"]["matchResources"]["namespaceSelector"]
+            selector["matchExpressions"].append({"key": EXCEPT_LABEL, "operator": "Exists"})
+    cel_cluster.register_cel_policies(objects)
+    core: Any = client.CoreV1Api(cel_cluster.api_client())
+    for namespace in ("cel-except-a", "cel-except-b"):
+        labels = {EXCEPT_LABEL: "1", WARN_LABEL: "1"}
+        core.create_namespace({"metadata": {"name": namespace, "labels": labels}})
+        cel_cluster.create_namespace(namespace)
+        api.grant(
+            namespace,
+            "pod-writer",
+            [{"apiGroups": [""], "resources": ["pods"], "verbs": ["create"]}],
+            "ci-bot",
+            "alice",
+        )
+    privileged = _c("main", gpu=True)
+    privileged["securityContext"] = {"privileged": True}
+    raw = _c("smoke", gpu=False, env=_env(("NVIDIA_VISIBLE_DEVICES", "all")))
+    host = _c("main", gpu=True)
+    host["volumeMounts"] = [{"name": "caps", "mountPath": "/usr/local/vgpu"}]
+    cases = {
+        "privileged": _pod("p", privileged),
+        "raw": _pod("r", raw),
+        "host": _pod("h", host, volumes=[{"name": "caps", "emptyDir": {}}]),
+    }
+    # The policies load asynchronously: wait until the raw pod is refused where no
+    # exception holds.
+    deadline = time.monotonic() + 30
+    while vap_rules(api.create("Pod", "cel-except-b", cases["raw"], user="alice")) != {
+        "raw-visible-devices"
+    }:
+        assert time.monotonic() < deadline, "the exceptions' policies never took effect"
+        time.sleep(0.2)
+    verdicts = Counter[str]()
+    for (name, pod), namespace, user in itertools.product(
+        cases.items(), ("cel-except-a", "cel-except-b"), ("ci-bot", "alice")
+    ):
+        # Mutated as the webhook would for this requester on this day.
+        mutated = review_object(pod, policy, namespace=namespace, username=user, today=today)[
+            "object"
+        ]
+        want = core_denials(mutated, namespace, policy, username=user, today=today)
+        sent = api.create("Pod", namespace, mutated, user=user)
+        got = vap_rules(sent)
+        assert got <= want and (sent.status == 201) == (not want), (
+            name,
+            namespace,
+            user,
+            want,
+            sent.status,
+            sent.body,
+        )
+        verdicts["refused" if want else "admitted"] += 1
+    # Each exception is seen both ways: taken off where it holds, kept elsewhere.
+    assert verdicts["refused"] >= 4 and verdicts["admitted"] >= 3, verdicts

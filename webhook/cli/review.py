@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import sys
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -13,7 +14,7 @@ import yaml
 
 from webhook.cli.common import EXIT_DENIED, EXIT_OK, Commands, UsageError
 from webhook.core.cluster import view_from_objects
-from webhook.core.policy import PolicyError, describe_yaml_error
+from webhook.core.policy import Policy, PolicyError, describe_yaml_error
 from webhook.core.review import ReviewEntry, review_object
 from webhook.install.celpolicy import SYSTEM_NAMESPACES
 from webhook.install.manifests import BASE_NAMESPACE
@@ -80,6 +81,11 @@ def _text_report(entries: Sequence[ReviewEntry]) -> str:
         )
         for violation in entry["violations"]:
             lines.append(f"  {violation['action']:<5} {violation['rule']}: {violation['message']}")
+        for excepted in entry.get("excepted", []):
+            lines.append(
+                f"  except {excepted['rule']}: {excepted['message']} "
+                f"(exception {excepted['exception']})"
+            )
         for warning in entry["warnings"]:
             if not any(warning.endswith(v["message"]) for v in entry["violations"]):
                 lines.append(f"  note  {warning}")
@@ -98,6 +104,7 @@ def command_review(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> i
         else None
     )
     objects = list(read_manifests(args.file, stdin))
+    today = args.today or _today()
     entries = [
         review_object(
             obj,
@@ -107,9 +114,11 @@ def command_review(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> i
             groups=args.group or (),
             operation=args.operation,
             cluster=cluster,
+            today=today,
         )
         for obj in objects
     ]
+    _note_expired(policy, today)
     _note_excluded(objects, args.namespace, args.install_namespace)
     if args.output == "json":
         stdout.write(orjson.dumps(entries, option=orjson.OPT_INDENT_2).decode() + "\n")
@@ -146,8 +155,28 @@ def _note_excluded(
             )
 
 
+def _today() -> str:
+    return datetime.datetime.now(datetime.UTC).date().isoformat()
+
+
+def expired_exceptions(policy: Policy, today: str) -> list[str]:
+    """One line per exception of ``policy`` past its last day on ``today``."""
+    return [
+        f"exception {e.name} (owner {e.owner}) expired on {e.expires}: it no longer applies; "
+        "remove it or give it a later expires"
+        for e in policy.exceptions
+        if e.expired(today)
+    ]
+
+
+def _note_expired(policy: Policy, today: str) -> None:
+    for line in expired_exceptions(policy, today):
+        sys.stderr.write(f"note: {line}\n")
+
+
 def command_lint(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int:
     status = EXIT_OK
+    today = args.today or _today()
     for path in args.files:
         try:
             policy = load_policy(path)
@@ -157,7 +186,16 @@ def command_lint(args: argparse.Namespace, stdin: TextIO, stdout: TextIO) -> int
                 sys.stderr.write(f"{path}: {error}\n")
             continue
         stdout.write(f"{path}: ok (policy {policy.name}, hash {policy.digest})\n")
+        for line in expired_exceptions(policy, today):
+            stdout.write(f"{path}: warning: {line}\n")
     return status
+
+
+def _day(text: str) -> str:
+    try:
+        return datetime.date.fromisoformat(text).isoformat()
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is no date (YYYY-MM-DD)") from None
 
 
 def register(commands: Commands) -> None:
@@ -193,8 +231,20 @@ def register(commands: Commands) -> None:
         help="YAML of Nodes, Namespaces, ConfigMaps, ResourceQuotas (and Secrets): judge as "
         "serve --cluster would in that cluster",
     )
+    review.add_argument(
+        "--today",
+        type=_day,
+        metavar="YYYY-MM-DD",
+        help="the day exceptions' expiry is read against (default: today, UTC)",
+    )
     review.set_defaults(handler=command_review)
 
     lint = commands.add_parser("lint", help="validate policy files")
     lint.add_argument("files", nargs="+", metavar="FILE")
+    lint.add_argument(
+        "--today",
+        type=_day,
+        metavar="YYYY-MM-DD",
+        help="the day exceptions' expiry is read against (default: today, UTC)",
+    )
     lint.set_defaults(handler=command_lint)

@@ -220,7 +220,10 @@ class ReportKeeper:
     def _judge(self, key: tuple[str, str], policy: Policy, view: Any) -> None:
         namespace, name = key
         facts = self._watch.pods.get(key)
-        found = judge_pod(read_facts(facts), policy, cluster=view) if facts else ()
+        # The day exceptions' expiry is read against: a pod judged again after its
+        # exception's last day is reported as failing, naming the expired exception.
+        today = time.strftime("%Y-%m-%d", time.gmtime()) if policy.exceptions else ""
+        found = judge_pod(read_facts(facts), policy, cluster=view, today=today) if facts else ()
         held = self._pods.get(namespace)
         if found:
             if held is None:

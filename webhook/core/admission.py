@@ -31,8 +31,11 @@ class Answer:
     facts: Request
 
 
-def request_facts(request: Mapping[str, Any], obj: Mapping[str, Any]) -> Request:
-    """The :class:`Request` of a wire AdmissionRequest (its object already chosen).
+def request_facts(
+    request: Mapping[str, Any], obj: Mapping[str, Any], *, today: str = ""
+) -> Request:
+    """The :class:`Request` of a wire AdmissionRequest (its object already chosen), on
+    ``today`` (the edge's clock, for the policy's exceptions).
 
     Untyped on purpose, as :func:`_object` is: a client may send any JSON in any field."""
     kind = as_mapping(request.get("kind")).get("kind") or as_mapping(obj).get("kind") or ""
@@ -44,6 +47,7 @@ def request_facts(request: Mapping[str, Any], obj: Mapping[str, Any]) -> Request
         namespace=str(request.get("namespace") or ""),
         username=str(user.get("username") or ""),
         groups=tuple(str(g) for g in groups) if isinstance(groups, list) else (),
+        today=today,
     )
 
 
@@ -75,6 +79,10 @@ def _response(
         annotations["rules"] = ",".join(rules)
     if decision.exempt:
         annotations["exempt"] = "true"
+    if decision.excepted:
+        annotations["exceptions"] = ",".join(
+            dict.fromkeys(f"{e['exception']}:{e['rule']}" for e in decision.excepted)
+        )
     response["auditAnnotations"] = annotations
     return {"apiVersion": version, "kind": "AdmissionReview", "response": response}
 
@@ -86,10 +94,12 @@ def answer(
     *,
     endpoint: Endpoint,
     cluster: ClusterView | None = None,
+    today: str = "",
 ) -> Answer:
-    """Answer one parsed AdmissionReview at ``endpoint`` (with what ``cluster`` knows)."""
+    """Answer one parsed AdmissionReview at ``endpoint`` (with what ``cluster`` knows, on
+    ``today``)."""
     obj = _object(request, "object") or {}
-    facts = request_facts(request, obj)
+    facts = request_facts(request, obj, today=today)
     decision = decide(
         obj,
         facts,

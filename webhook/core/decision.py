@@ -37,6 +37,14 @@ class Violation(TypedDict):
     message: str
 
 
+class Excepted(TypedDict):
+    """A finding an exception of the policy took off: what it was and which one."""
+
+    rule: str
+    exception: str
+    message: str
+
+
 # Not frozen: built per request, and a frozen field costs an object.__setattr__.
 @dataclass(slots=True)
 class Request:
@@ -47,6 +55,8 @@ class Request:
     namespace: str = ""
     username: str = ""
     groups: tuple[str, ...] = ()
+    # The day (ISO, UTC) exceptions' expiry is read against; "" where no clock is read.
+    today: str = ""
 
 
 @dataclass(slots=True)
@@ -57,6 +67,7 @@ class Decision:
     warnings: list[str] = field(default_factory=list)
     patch: list[PatchOp] = field(default_factory=list)
     exempt: bool = False
+    excepted: list[Excepted] = field(default_factory=list)
     # Each violation's message with user-supplied values redacted, in the same order.
     redacted: list[str] = field(default_factory=list)
 
@@ -212,6 +223,8 @@ def decide(
             ),
             (),
             policy,
+            request,
+            namespace,
         )
         return decision
     # An update of a pod is judged by what it adds: what the pod had before is not its
@@ -278,7 +291,7 @@ def decide(
         )
         decision.patch = [*translated, *mutation.ops] if translated else mutation.ops
         capped = [Finding("limit-tampering", text) for text in mutation.overwritten]
-    _apply_actions(decision, findings, capped, policy)
+    _apply_actions(decision, findings, capped, policy, request, namespace)
     if mutable:
         for request_ in subject.requests.containers:
             if request_.notes:
@@ -291,7 +304,12 @@ def decide(
 
 
 def _apply_actions(
-    decision: Decision, findings: Sequence[Finding], capped: Sequence[Finding], policy: Policy
+    decision: Decision,
+    findings: Sequence[Finding],
+    capped: Sequence[Finding],
+    policy: Policy,
+    request: Request,
+    namespace: str,
 ) -> None:
     if not findings and not capped:
         return
@@ -301,6 +319,22 @@ def _apply_actions(
         if key in seen:
             continue
         seen.add(key)
+        exception = (
+            policy.exception_for(
+                finding.rule,
+                namespace=namespace,
+                username=request.username,
+                groups=request.groups,
+                today=request.today,
+            )
+            if policy.exceptions
+            else None
+        )
+        if exception is not None:
+            decision.excepted.append(
+                {"rule": finding.rule, "exception": exception.name, "message": finding.redacted}
+            )
+            continue
         action = policy.action(finding.rule)
         if _SEVERITY[action] > _SEVERITY[cap]:
             action = "warn"

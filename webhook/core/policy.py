@@ -8,6 +8,7 @@ mapping; reading policy files is :mod:`webhook.policies`' job.
 from __future__ import annotations
 
 import copy
+import datetime
 import fnmatch
 import hashlib
 import json
@@ -66,6 +67,23 @@ _IDENTITY_PROPERTIES: dict[str, Any] = {
     "serviceAccounts": {"type": "array", "items": {"type": "string", "pattern": "^[^/]+/[^/]+$"}},
 }
 _IDENTITIES = {"type": "object", "additionalProperties": False, "properties": _IDENTITY_PROPERTIES}
+# One rule's exception, Kyverno's PolicyException: scoped by namespace and requester only,
+# never by a label or annotation, which the pod's author writes.
+_EXCEPTION = {
+    "type": "object",
+    "additionalProperties": False,
+    "required": ["name", "rules", "reason", "owner"],
+    "properties": {
+        "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"},
+        "rules": {"type": "array", "minItems": 1, "items": {"enum": list(RULE_IDS)}},
+        "namespaces": _STRINGS,
+        **_IDENTITY_PROPERTIES,
+        "reason": {"type": "string", "minLength": 1},
+        "owner": {"type": "string", "minLength": 1},
+        # The last day (UTC) it applies.
+        "expires": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
+    },
+}
 _MAXIMA = {
     "type": "object",
     "additionalProperties": False,
@@ -344,6 +362,7 @@ SCHEMA: Final[dict[str, Any]] = {
                     "additionalProperties": False,
                     "properties": {"perContainer": _MAXIMA, "perPod": _MAXIMA},
                 },
+                "exceptions": {"type": "array", "items": _EXCEPTION},
             },
         },
     },
@@ -441,6 +460,40 @@ class Identities:
             namespace, _, name = username[len(_SERVICE_ACCOUNT) :].partition(":")
             return match_any(f"{namespace}/{name}", self.service_accounts)
         return False
+
+
+@dataclass(frozen=True, slots=True)
+class PolicyException:
+    """One rule (or a few) off for some namespaces or requesters, with why and whose.
+
+    Namespaces and requesters both narrow it: in a namespace it names (any, when it
+    names none) and from a requester it names (any, when it names none).
+    """
+
+    name: str
+    rules: frozenset[str]
+    namespaces: tuple[str, ...]
+    requesters: Identities
+    reason: str
+    owner: str
+    # The last day it applies, ISO (YYYY-MM-DD, UTC); None: no end.
+    expires: str | None = None
+
+    def expired(self, today: str) -> bool:
+        """Past its last day. Without a date to compare (``today`` empty) an exception
+        that has an end is taken as past it: an exception only ever loosens."""
+        return self.expires is not None and (not today or today > self.expires)
+
+    def covers(
+        self, rule: str, *, namespace: str, username: str, groups: Iterable[str], today: str
+    ) -> bool:
+        if rule not in self.rules or self.expired(today):
+            return False
+        if self.namespaces and not match_any(namespace, self.namespaces):
+            return False
+        who = self.requesters
+        named = bool(who.users or who.groups or who.service_accounts)
+        return not named or who.match(username, groups)
 
 
 @dataclass(frozen=True, slots=True)
@@ -565,6 +618,7 @@ class Policy:
     # With a cluster view: judge env that pods take from ConfigMaps / Secrets.
     config_map_env: bool = False
     secret_env: bool = False
+    exceptions: tuple[PolicyException, ...] = ()
     mig_pools: tuple[MigPool, ...] = ()
     # Dynamic Resource Allocation: the device classes that hand out whole GPUs, and the
     # namespaces that may claim them (gpu-claim).
@@ -734,6 +788,17 @@ class Policy:
         not knowing which container envFrom hands it to."""
         return all(self.env_admits(name, value, c) for c in CONTAINER_CLASSES)
 
+    def exception_for(
+        self, rule: str, *, namespace: str, username: str, groups: Iterable[str], today: str
+    ) -> PolicyException | None:
+        """The first exception that takes ``rule`` off for this request, or None."""
+        for exception in self.exceptions:
+            if exception.covers(
+                rule, namespace=namespace, username=username, groups=groups, today=today
+            ):
+                return exception
+        return None
+
     def is_gpu_resource(self, name: str) -> bool:
         return name in self.gpu_resources or name.startswith(self.mig_prefixes)
 
@@ -842,6 +907,21 @@ def _normalise_rule_actions(document: dict[str, Any]) -> None:
                 rules[rule] = "off"
 
 
+# YAML 1.1 as the safe loader reads it, but a bare date is text: the day users wrote (an
+# exception's expires), checked like any other field; PyYAML's own conversion raised
+# ValueError, no line, on a day that is none (2027-02-30). Made with type(): a class
+# statement here would be compiled native (hack/build-native), and a native subclass of
+# PyYAML's loader breaks its __init__.
+_Loader: Final[type[yaml.SafeLoader]] = type("_Loader", (yaml.SafeLoader,), {})
+
+
+def _as_text(loader: yaml.SafeLoader, node: yaml.Node) -> str:
+    return str(loader.construct_scalar(cast(yaml.ScalarNode, node)))
+
+
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", _as_text)
+
+
 def parse_policy(text: str, *, base: Policy | None, source: str = "<policy>") -> Policy:
     """Parse and validate policy YAML; raise :class:`PolicyError` naming each bad line.
 
@@ -850,7 +930,7 @@ def parse_policy(text: str, *, base: Policy | None, source: str = "<policy>") ->
     """
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
-        document = yaml.safe_load(text)
+        document = yaml.load(text, Loader=_Loader)  # noqa: S506  # a SafeLoader subclass
     except yaml.YAMLError as exc:
         reason = describe_yaml_error(exc, text=text, what="not valid YAML")
         raise PolicyError(source, [reason]) from None
@@ -880,6 +960,7 @@ def parse_policy(text: str, *, base: Policy | None, source: str = "<policy>") ->
         policy = compile_policy(checked, base=base)
         # Checked on the compiled policy: whether a name is a GPU resource depends on the base.
         problems = _scheduler_problems(checked, policy) + _mig_problems(policy)
+        problems += _exception_problems(checked)
         for path, why in problems + _env_problems(checked):
             found.append((_position_of(node, path), ".".join(map(str, path)), why))
     if found or policy is None:
@@ -1018,6 +1099,18 @@ def compile_policy(document: Mapping[str, Any], *, base: Policy | None) -> Polic
         spec=spec,
         config_map_env=bool(spec.get("cluster", {}).get("configMapEnv", False)),
         secret_env=bool(spec.get("cluster", {}).get("secretEnv", False)),
+        exceptions=tuple(
+            PolicyException(
+                name=e["name"],
+                rules=frozenset(e["rules"]),
+                namespaces=tuple(e.get("namespaces", ())),
+                requesters=_identities(e),
+                reason=e["reason"],
+                owner=e["owner"],
+                expires=e.get("expires"),
+            )
+            for e in spec.get("exceptions", ())
+        ),
         mig_pools=tuple(
             MigPool(node_selector=dict(pool["nodeSelector"]), translate=pool.get("translate", True))
             for pool in spec.get("mig", {}).get("pools", ())
@@ -1075,6 +1168,33 @@ def _env_problems(document: Mapping[str, Any]) -> list[tuple[list[Any], str]]:
         pattern = entry.get("itemPattern")
         if isinstance(pattern, str) and (problem := item_pattern_problem(pattern)):
             problems.append(([*path[:-1], "itemPattern"], problem))
+    return problems
+
+
+def _exception_problems(document: Mapping[str, Any]) -> list[tuple[list[Any], str]]:
+    """Exceptions that name no scope (a rule off everywhere is ``rules: {id: off}``), a
+    name twice, or a day that is none."""
+    problems: list[tuple[list[Any], str]] = []
+    seen: set[str] = set()
+    entries = (document.get("spec") or {}).get("exceptions") or []
+    for index, entry in enumerate(entries):
+        path = ["spec", "exceptions", index]
+        if not any(entry.get(k) for k in ("namespaces", "users", "groups", "serviceAccounts")):
+            problems.append(
+                (
+                    [*path, "name"],
+                    "names no namespaces, users, groups or serviceAccounts; to turn a rule "
+                    "off everywhere, set it to off under rules",
+                )
+            )
+        if entry["name"] in seen:
+            problems.append(([*path, "name"], f"{entry['name']} is named twice"))
+        seen.add(entry["name"])
+        if "expires" in entry:
+            try:
+                datetime.date.fromisoformat(entry["expires"])
+            except ValueError:
+                problems.append(([*path, "expires"], f"{entry['expires']!r} is no date"))
     return problems
 
 

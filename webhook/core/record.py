@@ -47,6 +47,8 @@ class AuditRecord(TypedDict, total=False):
     allowed: bool
     mode: str
     exempt: bool
+    # "<exception>:<rule>" of each finding an exception of the policy took off.
+    exceptions: list[str]
     violations: list[dict[str, str]]
     patchOps: int
     policyHash: str
@@ -152,6 +154,10 @@ def record_of(
         record["probe"] = True
     if decision.exempt:
         record["exempt"] = True
+    if decision.excepted:
+        record["exceptions"] = list(
+            dict.fromkeys(f"{e['exception']}:{e['rule']}" for e in decision.excepted)
+        )
     if error is not None:
         record["error"] = error
     return record

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping, Sequence
-from typing import Any, Final, TypedDict
+from typing import Any, Final, NotRequired, TypedDict
 
 import jsonpatch
 
 from webhook.core.cluster import ClusterView
-from webhook.core.decision import Decision, Request, Violation, decide
+from webhook.core.decision import Decision, Excepted, Request, Violation, decide
 from webhook.core.policy import Mode, Policy
 from webhook.core.wire import PatchOp
 from webhook.core.workload import as_mapping, is_inspected
@@ -27,6 +27,9 @@ class ReviewEntry(TypedDict):
     allowed: bool
     mode: Mode
     violations: list[Violation]
+    # What the policy's exceptions took off (by exception name); only where one did, so
+    # the contract's keys stay as DESIGN.md lists them for a policy without exceptions.
+    excepted: NotRequired[list[Excepted]]
     warnings: list[str]
     patch: list[PatchOp]
     object: Any
@@ -41,14 +44,20 @@ def review_object(
     groups: Sequence[str] = (),
     operation: str = "CREATE",
     cluster: ClusterView | None = None,
+    today: str = "",
 ) -> ReviewEntry:
     """Mutate, then validate the mutated object: both webhooks, as the apiserver runs them
-    (against ``cluster`` when given, as ``serve --cluster`` does)."""
+    (against ``cluster`` when given, as ``serve --cluster`` does), on ``today``."""
     metadata = as_mapping(obj.get("metadata"))
     kind = str(obj.get("kind") or "")
     ns = namespace or str(metadata.get("namespace") or "default")
     request = Request(
-        kind=kind, operation=operation, namespace=ns, username=username, groups=tuple(groups)
+        kind=kind,
+        operation=operation,
+        namespace=ns,
+        username=username,
+        groups=tuple(groups),
+        today=today,
     )
     mutated = decide(obj, request, policy, phase="mutate", cluster=cluster)
     final: Any = obj
@@ -64,10 +73,12 @@ def review_object(
         if violation not in violations:
             violations.append(violation)
     warnings = list(dict.fromkeys([*mutated.warnings, *validated.warnings]))
+    excepted = list(mutated.excepted)
+    excepted.extend(e for e in validated.excepted if e not in excepted)
     if not is_inspected(kind) and _names_gpu_resources(obj, policy, depth=_MAX_DEPTH):
         # Allowed here says nothing about the pods: a newcomer must not read it as a pass.
         warnings.append(f"kind {kind} is not inspected: its pods are judged when they are created")
-    return {
+    entry: ReviewEntry = {
         "kind": kind,
         "namespace": ns,
         "name": str(metadata.get("name") or metadata.get("generateName") or ""),
@@ -78,6 +89,9 @@ def review_object(
         "patch": mutated.patch,
         "object": final,
     }
+    if excepted:
+        entry["excepted"] = excepted
+    return entry
 
 
 def _names_gpu_resources(node: Any, policy: Policy, *, depth: int) -> bool:

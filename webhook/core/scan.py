@@ -49,10 +49,11 @@ GUARDED_DATA_RULE: Final = "raw-visible-devices"
 # Names that must not reach a container from a ConfigMap or Secret: the device list the
 # NVIDIA toolkit honours, and the switches that turn HAMi-core's enforcement off.
 
-Status = Literal["fail", "warn"]
-STATUSES: Final[tuple[Status, ...]] = ("fail", "warn")
+Status = Literal["fail", "warn", "skip"]
+STATUSES: Final[tuple[Status, ...]] = ("fail", "warn", "skip")
 # What a finding is in a report: a rule the policy enforces or audits is a failure
-# (audit exists to be reported); a rule it only warns about is a warning.
+# (audit exists to be reported); a rule it only warns about is a warning; one an exception
+# of the policy takes off is skipped, as Kyverno reports its PolicyExceptions.
 _STATUS: Final[Mapping[str, Status]] = {"deny": "fail", "audit": "fail", "warn": "warn"}
 _SEVERITY: Final[Mapping[str, str]] = {"deny": "high", "audit": "medium", "warn": "low"}
 _RANK: Final[Mapping[str, int]] = {"deny": 0, "audit": 1, "warn": 2}
@@ -213,10 +214,14 @@ class Result:
     action: Action
     # With user-supplied values redacted, as in the audit log.
     message: str
+    # The exception of the policy that takes it off ("": none), or that took it off until
+    # it expired (with ``expired``).
+    exception: str = ""
+    expired: str = ""
 
     @property
     def status(self) -> Status:
-        return _STATUS[self.action]
+        return "skip" if self.exception and not self.expired else _STATUS[self.action]
 
 
 def scan_view(cluster: ClusterView | None) -> ClusterView | None:
@@ -232,10 +237,13 @@ def exempt_namespace(namespace: str, policy: Policy) -> bool:
 
 
 def judge_pod(
-    pod: Mapping[str, Any], policy: Policy, *, cluster: ClusterView | None
+    pod: Mapping[str, Any], policy: Policy, *, cluster: ClusterView | None, today: str = ""
 ) -> tuple[Result, ...]:
     """A running or pending pod's findings under ``policy``, as ``/validate`` would find
-    them on its creation now, less what the scheduler and device plugin wrote.
+    them on its creation now, less what the scheduler and device plugin wrote; what an
+    exception takes off (on ``today``) as skipped, and what an expired one no longer does
+    with its name. Exceptions by requester cannot be told here (nothing records who
+    created a pod): only those by namespace alone apply.
 
     ``cluster`` is a view from :func:`scan_view` (or None).
     """
@@ -250,17 +258,56 @@ def judge_pod(
         if not (isinstance(k, str) and policy.is_reserved_annotation(k))
     }
     obj = {"kind": "Pod", "metadata": {**metadata, "annotations": annotations}, "spec": spec}
-    request = Request(kind="Pod", operation="CREATE", namespace=namespace)
+    request = Request(kind="Pod", operation="CREATE", namespace=namespace, today=today)
     decision = decide(obj, request, policy, phase="validate", cluster=cluster)
-    if not decision.violations:
+    if not decision.violations and not decision.excepted:
         return ()
     name = str(metadata.get("name") or "")
     uid = str(metadata.get("uid") or "")
-    return tuple(
-        Result("Pod", namespace, name, uid, violation["rule"], violation["action"], message)
+    results = [
+        Result(
+            "Pod",
+            namespace,
+            name,
+            uid,
+            violation["rule"],
+            violation["action"],
+            message,
+            *_lapsed(policy, violation["rule"], namespace, today),
+        )
         for violation, message in zip(decision.violations, decision.redacted, strict=True)
         if violation["rule"] not in SKIPPED_RULES
+    ]
+    results.extend(
+        Result(
+            "Pod",
+            namespace,
+            name,
+            uid,
+            e["rule"],
+            policy.action(e["rule"]),
+            e["message"],
+            e["exception"],
+        )
+        for e in decision.excepted
+        if e["rule"] not in SKIPPED_RULES and policy.action(e["rule"]) != "off"
     )
+    return tuple(results)
+
+
+def _lapsed(policy: Policy, rule: str, namespace: str, today: str) -> tuple[str, str]:
+    """(name, last day) of an expired exception that would take ``rule`` off here, or
+    ("", "")."""
+    for exception in policy.exceptions:
+        if (
+            exception.expires is not None
+            and exception.expired(today)
+            and exception.covers(
+                rule, namespace=namespace, username="", groups=(), today=exception.expires
+            )
+        ):
+            return exception.name, exception.expires
+    return "", ""
 
 
 def guarded_keys(
@@ -389,7 +436,8 @@ def _reference(result: Result) -> ObjectReference:
 def order(result: Result) -> tuple[int, str, str, str, str]:
     """Denials first, then by object and rule: what a capped report keeps, and a stable
     order, so an unchanged set of findings gives an unchanged report."""
-    return (_RANK[result.action], result.kind, result.name, result.rule, result.message)
+    rank = _RANK[result.action] + (len(_RANK) if result.status == "skip" else 0)
+    return (rank, result.kind, result.name, result.rule, result.message)
 
 
 def report_body(
@@ -437,11 +485,20 @@ def report_body(
             "message": result.message,
             "timestamp": {"seconds": found(result), "nanos": 0},
             "resources": [_reference(result)],
-            "properties": {"action": result.action},
+            "properties": _properties(result),
         }
         for result in kept
     ]
     return body
+
+
+def _properties(result: Result) -> dict[str, str]:
+    properties: dict[str, str] = {"action": result.action}
+    if result.exception and result.expired:
+        properties["expiredException"] = f"{result.exception} (expired {result.expired})"
+    elif result.exception:
+        properties["exception"] = result.exception
+    return properties
 
 
 def same_report(held: Mapping[str, Any], wanted: ReportBody) -> bool:

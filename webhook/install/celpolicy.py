@@ -2452,9 +2452,37 @@ def _unlisted_config(policy: Policy) -> str:
     return f"has(c.opaque) && has(c.opaque.driver) && ({' || '.join(drivers)})"
 
 
-def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]) -> list[Obj]:
+def excepted(policy: Policy, rule: str, *, today: str) -> str | None:
+    """The request is one an exception of the policy takes ``rule`` off for
+    (``Policy.exception_for``), or None where none could: the apiserver's CEL has no
+    clock, so an exception past its last day on ``today`` (the day this is rendered) is
+    left out, and one with a last day stays until the policies are rendered again."""
+    terms = []
+    for exception in policy.exceptions:
+        if rule not in exception.rules or exception.expired(today):
+            continue
+        scope = []
+        if exception.namespaces:
+            scope.append(_glob_test("request.namespace", exception.namespaces))
+        who = exception.requesters
+        if who.users or who.groups or who.service_accounts:
+            scope.append(identity_test(who))
+        terms.append(" && ".join(f"({t})" for t in scope))
+    return " || ".join(f"({t})" for t in terms) or None
+
+
+def _unless_excepted(policy: Policy, rule: str, expression: str, *, today: str) -> str:
+    """``expression`` (true: admitted), or true where an exception takes ``rule`` off."""
+    exception = excepted(policy, rule, today=today)
+    return expression if exception is None else f"({exception}) || ({expression})"
+
+
+def validating_policies(
+    policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1], today: str = ""
+) -> list[Obj]:
     """Per action some rendered rule takes (deny, warn, audit; off is left out): one
-    ValidatingAdmissionPolicy holding each such rule as a validation, and its binding."""
+    ValidatingAdmissionPolicy holding each such rule as a validation, and its binding;
+    the policy's exceptions as they stand on ``today`` (:func:`excepted`)."""
     by_action: dict[Action, list[Obj]] = {}
     expressions: dict[Action, dict[str, str]] = {}
     messages = message_expressions(policy)
@@ -2462,6 +2490,7 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
         action = policy.action(rule)
         if action == "off":
             continue
+        expression = _unless_excepted(policy, rule, expression, today=today)
         expressions.setdefault(action, {})[rule] = expression
         validation = {
             "expression": expression,
@@ -2516,8 +2545,8 @@ def validating_policies(policy: Policy, *, namespace: str = SYSTEM_NAMESPACES[1]
                 },
             }
         )
-    objects.extend(_source_policies(policy, namespace))
-    objects.extend(_override_policies(policy, namespace))
+    objects.extend(_source_policies(policy, namespace, today=today))
+    objects.extend(_override_policies(policy, namespace, today=today))
     return objects
 
 
@@ -2550,7 +2579,7 @@ _OVERRIDE_ACTIONS: Final[Mapping[Action, list[str]]] = {
 }
 
 
-def _override_policies(policy: Policy, namespace: str) -> list[Obj]:
+def _override_policies(policy: Policy, namespace: str, *, today: str) -> list[Obj]:
     """The warnings of what the MutatingAdmissionPolicy replaced, as the webhook's (the
     core warns under limit-tampering, at most: deny and warn warn, audit records, off is
     silent). Only an object whose annotation this request wrote or changed is evaluated:
@@ -2587,6 +2616,11 @@ def _override_policies(policy: Policy, namespace: str) -> list[Obj]:
         *match_conditions(policy),
         {"name": "gpushare.io/overridden", "expression": written},
     ]
+    exception = excepted(policy, "limit-tampering", today=today)
+    if exception is not None:
+        # The core warns an override as a limit-tampering finding, which an exception
+        # takes off.
+        conditions.append({"name": "gpushare.io/not-excepted", "expression": f"!({exception})"})
     constraints = match_constraints(namespace)
     constraints["objectSelector"] = {"matchLabels": {OVERRIDES_ANNOTATION: OVERRIDES_LABEL_VALUE}}
     spec: Obj = {
@@ -2651,7 +2685,7 @@ def _source_constraints(namespace: str) -> Obj:
     return constraints
 
 
-def _source_policies(policy: Policy, namespace: str) -> list[Obj]:
+def _source_policies(policy: Policy, namespace: str, *, today: str) -> list[Obj]:
     """Per action: the write-time guards on ConfigMaps, Secrets and DRA objects, in a
     policy of their own so that a ConfigMap write evaluates two expressions, not the pod
     rules' variables."""
@@ -2661,8 +2695,9 @@ def _source_policies(policy: Policy, namespace: str) -> list[Obj]:
     }
     by_action: dict[Action, list[Obj]] = {}
     recorded: dict[Action, dict[str, str]] = {}
-    for rule, expression in expressions.items():
+    for rule, unexcepted in expressions.items():
         action = policy.action(rule)
+        expression = _unless_excepted(policy, rule, unexcepted, today=today)
         if action != "off":
             recorded.setdefault(action, {})[rule] = expression
             by_action.setdefault(action, []).append(

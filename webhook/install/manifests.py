@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import re
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -432,11 +433,16 @@ def set_view_scope(objects: Iterable[Obj], policy: Policy) -> None:
                 hook["failurePolicy"] = "Ignore"
 
 
-def cel_policies(policy: Policy, *, fingerprint: str | None = None) -> list[Obj]:
+def cel_policies(
+    policy: Policy, *, fingerprint: str | None = None, today: str | None = None
+) -> list[Obj]:
     """The ValidatingAdmissionPolicies and bindings of ``policy``, as the install has
     them (what the dev cluster creates; :mod:`webhook.install.celpolicy`), marked with
-    ``fingerprint`` when given."""
-    objects = celpolicy.validating_policies(policy)
+    ``fingerprint`` when given, with the exceptions that stand on ``today`` (default:
+    today, UTC: rendered again after an exception's last day, it is gone)."""
+    if today is None:
+        today = time.strftime("%Y-%m-%d", time.gmtime())
+    objects = celpolicy.validating_policies(policy, today=today)
     if fingerprint is not None:
         stamp(objects, fingerprint)
     return objects

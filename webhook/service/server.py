@@ -143,7 +143,11 @@ async def _handle(request: web.Request, endpoint: Endpoint, edge: _Edge) -> web.
         policy = edge.store.policy
         error: str | None = None
         try:
-            result = answer(version, review, policy, endpoint=endpoint, cluster=edge.cluster.view)
+            # The day exceptions' expiry is read against, only where a policy has any.
+            today = time.strftime("%Y-%m-%d", time.gmtime()) if policy.exceptions else ""
+            result = answer(
+                version, review, policy, endpoint=endpoint, cluster=edge.cluster.view, today=today
+            )
         except Exception as exc:  # any bug becomes an onError answer, never a 500
             log.exception("evaluation failed uid=%s endpoint=%s", review["uid"], endpoint)
             error = type(exc).__name__
