@@ -26,10 +26,11 @@ import jsonpatch
 import yaml
 
 from webhook.core.policy import API_VERSION, KIND, Policy
-from webhook.install import celpolicy, mutatingpolicy
 from webhook.install.fingerprint import CONDITIONS_KEY, fingerprint_loader, spec_fingerprint, stamp
 from webhook.install.mode import APISERVER, WEBHOOKS, Mode
-from webhook.install.scope import MatchCondition, match_conditions, view_conditions
+from webhook.render import mutating, validating
+from webhook.render.scope import MatchCondition, match_conditions, view_conditions
+from webhook.render.targets import TARGETS
 
 Obj = dict[str, Any]
 
@@ -364,7 +365,7 @@ def set_namespace(objects: Iterable[Obj], namespace: str) -> None:
                 expression["values"] = [
                     namespace if value == old else value for value in expression.get("values", [])
                 ]
-        if kind in celpolicy.KINDS or kind in mutatingpolicy.KINDS:
+        if any(kind in target.kinds for target in TARGETS):
             spec = obj.get("spec") or {}
             for field in ("matchConstraints", "matchResources"):
                 selector = (spec.get(field) or {}).get("namespaceSelector") or {}
@@ -387,7 +388,7 @@ def set_namespace(objects: Iterable[Obj], namespace: str) -> None:
 
 
 def set_match_conditions(objects: Iterable[Obj], policy: Policy) -> None:
-    """Scope every webhook to what ``policy`` acts on (:mod:`webhook.install.scope`).
+    """Scope every webhook to what ``policy`` acts on (:mod:`webhook.render.scope`).
 
     ``deploy/webhooks`` already holds the default policy's conditions; a different policy
     needs its own, or an object it acts on could be skipped.
@@ -400,14 +401,12 @@ def set_match_conditions(objects: Iterable[Obj], policy: Policy) -> None:
 
 def set_cel_policies(objects: list[Obj], policy: Policy, *, fingerprint: str) -> None:
     """Replace the Validating- and MutatingAdmissionPolicies and their bindings in
-    ``objects`` (in place) by those of ``policy`` (:mod:`webhook.install.celpolicy`,
-    :mod:`webhook.install.mutatingpolicy`), each kind where its first one stood, marked
+    ``objects`` (in place) by those of ``policy`` (:mod:`webhook.render.validating`,
+    :mod:`webhook.render.mutating`), each kind where its first one stood, marked
     with the policy's ``fingerprint`` (:mod:`webhook.install.fingerprint`); a kind
     ``objects`` does not hold stays out."""
-    for kinds, rendered in (
-        (celpolicy.KINDS, celpolicy.validating_policies),
-        (mutatingpolicy.KINDS, mutatingpolicy.mutating_policies),
-    ):
+    for target in TARGETS:
+        kinds, rendered = target.kinds, target.render
         positions = [i for i, obj in enumerate(objects) if obj["kind"] in kinds]
         if not positions:
             continue
@@ -422,7 +421,7 @@ def set_cel_policies(objects: list[Obj], policy: Policy, *, fingerprint: str) ->
 
 def set_view_scope(objects: Iterable[Obj], policy: Policy) -> None:
     """Register the webhooks of ``objects`` only for what the cluster view decides, failing
-    open: the apiserver mode with the view on (:func:`webhook.install.scope.view_conditions`).
+    open: the apiserver mode with the view on (:func:`webhook.render.scope.view_conditions`).
     Every security rule holds in the apiserver there, so a webhook outage only loses the
     view's early refusals and conveniences, and refuses no pod."""
     for obj in objects:
@@ -434,9 +433,9 @@ def set_view_scope(objects: Iterable[Obj], policy: Policy) -> None:
 
 def cel_policies(policy: Policy, *, fingerprint: str | None = None) -> list[Obj]:
     """The ValidatingAdmissionPolicies and bindings of ``policy``, as the install has
-    them (what the dev cluster creates; :mod:`webhook.install.celpolicy`), marked with
+    them (what the dev cluster creates; :mod:`webhook.render.validating`), marked with
     ``fingerprint`` when given."""
-    objects = celpolicy.validating_policies(policy)
+    objects = validating.validating_policies(policy)
     if fingerprint is not None:
         stamp(objects, fingerprint)
     return objects
@@ -444,9 +443,9 @@ def cel_policies(policy: Policy, *, fingerprint: str | None = None) -> list[Obj]
 
 def mutating_policies(policy: Policy, *, fingerprint: str | None = None) -> list[Obj]:
     """The MutatingAdmissionPolicies and bindings of ``policy``, as the 1.36+ install has
-    them (what the dev cluster creates there; :mod:`webhook.install.mutatingpolicy`),
+    them (what the dev cluster creates there; :mod:`webhook.render.mutating`),
     marked with ``fingerprint`` when given."""
-    objects = mutatingpolicy.mutating_policies(policy)
+    objects = mutating.mutating_policies(policy)
     if fingerprint is not None:
         stamp(objects, fingerprint)
     return objects
