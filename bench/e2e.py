@@ -99,8 +99,8 @@ def void_all_policies(policy_file: Path) -> list[dict[str, Any]]:
     GPU (the gpushare-mutate policy's GPU condition negated) instead of those naming
     NVIDIA env or a GPU runtime class."""
     from webhook.install.manifests import mutating_policies
-    from webhook.install.mutatingpolicy import MUTATE, VOID_POLICY
     from webhook.policies import load_policy
+    from webhook.render.mutating import MUTATE, VOID_POLICY
 
     objects = mutating_policies(load_policy(policy_file))
     (mutate,) = [o for o in objects if o["metadata"]["name"] == MUTATE and "mutations" in o["spec"]]

@@ -11,7 +11,8 @@ import pytest
 from tests.paths import ROOT
 from webhook.cli import main
 from webhook.cli.review import excluded_namespaces
-from webhook.install import celpolicy, manifests
+from webhook.install import manifests
+from webhook.render import validating
 
 
 def cli(*argv: str) -> tuple[int, str, str]:
@@ -59,7 +60,7 @@ def test_the_excluded_namespaces_are_the_installs(install: str) -> None:
                 (expression,) = hook["namespaceSelector"]["matchExpressions"]
                 assert expression["operator"] == "NotIn"
                 assert set(expression["values"]) == set(excluded_namespaces(install))
-        if obj["kind"] == celpolicy.POLICY_KIND:
+        if obj["kind"] == validating.POLICY_KIND:
             selector = obj["spec"]["matchConstraints"]["namespaceSelector"]
             assert set(selector["matchExpressions"][0]["values"]) == set(
                 excluded_namespaces(install)

@@ -1,4 +1,4 @@
-"""The CEL rules (webhook/install/celpolicy.py) alone, through a real kube-apiserver.
+"""The CEL rules (webhook/render/validating.py) alone, through a real kube-apiserver.
 
 The webhook registrations are deleted: only the ValidatingAdmissionPolicies judge. They
 must refuse each bypass they express, admit plain pods and correctly shaped GPU pods,
@@ -40,22 +40,17 @@ from tests.core.strategies import (
 )
 from tests.core.test_decision import KAI_ATTACKS, KAI_PREFIX, config_map, kai_fraction_pod
 from tests.e2e.rest import COLLECTIONS, DIFFERENTIAL, Api, Sent, gpu_pod, sendable, stored_pod
-from tests.install.test_celpolicy import HOST_PATHS
-from tests.install.test_celpolicy import MODE_SCHEDULERS as MODES_POLICY
 from tests.paths import ROOT
+from tests.render.test_validating import HOST_PATHS
+from tests.render.test_validating import MODE_SCHEDULERS as MODES_POLICY
 from webhook.core.decision import Request, decide
 from webhook.core.policy import Policy
 from webhook.core.resources import read_container
 from webhook.core.review import review_object
 from webhook.dev.cluster import DevCluster, running
-from webhook.install.celpolicy import (
-    MESSAGES,
-    RULES,
-    message_expressions,
-    rule_expressions,
-    validating_policies,
-)
 from webhook.policies import load_policy
+from webhook.render.messages import MESSAGES, message_expressions
+from webhook.render.validating import RULES, rule_expressions, validating_policies
 
 pytestmark = pytest.mark.e2e
 
@@ -73,7 +68,7 @@ EDIT_EXAMPLES: Final = 300
 UPDATE_EXAMPLES: Final = 100
 WARN_LABEL: Final = "gpushare.io/cel-warn-only"
 # Namespaces with this label are judged by the CEL policies of a policy with per-mode
-# schedulers (tests/install/test_celpolicy.py's MODE_SCHEDULERS), warning only; the
+# schedulers (tests/render/test_validating.py's MODE_SCHEDULERS), warning only; the
 # default policy's leave them alone.
 MODES_LABEL: Final = "gpushare.io/cel-modes"
 MODES_SUFFIX: Final = "-modes"
@@ -1827,7 +1822,7 @@ def test_cel_update_verdicts_equal_the_cores_rule_by_rule(cel_cluster: DevCluste
 def test_policies_of_a_policy_with_exemptions_and_globs_compile(api: Api) -> None:
     """The apiserver compiles every expression of a policy with exemptions, writer
     globs and a mode of its own (a server-side dry-run create checks the CEL)."""
-    from tests.install.test_celpolicy import CUSTOM
+    from tests.render.test_validating import CUSTOM
 
     for obj in validating_policies(CUSTOM):
         obj["metadata"]["name"] += "-custom"

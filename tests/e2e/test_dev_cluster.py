@@ -298,9 +298,9 @@ def test_on_1_36_refusals_and_overrides_are_told_without_the_webhook(
     the webhook's (redacted) words, one each, as the core's."""
     from webhook.core.decision import Request, decide
     from webhook.dev.cluster import running
-    from webhook.install.celpolicy import OVERRIDES_ANNOTATION
     from webhook.install.mode import APISERVER
     from webhook.policies import load_policy
+    from webhook.render.admission import OVERRIDES_ANNOTATION
 
     policy_file = tmp_path / "policy.yaml"
     policy_file.write_text((ROOT / "webhook" / "policies" / "default.yaml").read_text())

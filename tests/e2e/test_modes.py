@@ -12,8 +12,9 @@ import pytest
 import yaml
 
 from webhook.dev.cluster import DevCluster
-from webhook.install import manifests, mutatingpolicy
+from webhook.install import manifests
 from webhook.install.mode import APISERVER, WEBHOOKS
+from webhook.render import mutating
 
 pytestmark = pytest.mark.e2e
 
@@ -58,9 +59,9 @@ def test_a_1_36_apiserver_gets_the_apiserver_install(
     assert cluster.detect_mode() == APISERVER
     objects = manifests_of(kubeconfig)
     assert objects == manifests.render(overlay=manifests.APISERVER_OVERLAY)
-    assert {o["kind"] for o in objects} >= set(mutatingpolicy.KINDS)
+    assert {o["kind"] for o in objects} >= set(mutating.KINDS)
     # The Namespace first, so that the dry run can place what lives in it.
-    dry_run_apply(bin_dir, kubeconfig, [o for o in objects if o["kind"] in mutatingpolicy.KINDS])
+    dry_run_apply(bin_dir, kubeconfig, [o for o in objects if o["kind"] in mutating.KINDS])
 
 
 def test_an_apiserver_without_mutating_policies_gets_the_webhooks(

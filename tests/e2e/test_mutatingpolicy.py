@@ -34,9 +34,9 @@ from webhook.core.decision import Request, decide
 from webhook.core.injection import MODE_ANNOTATION
 from webhook.core.policy import Policy
 from webhook.dev.cluster import DevCluster, running
-from webhook.install.celpolicy import OVERRIDES_ANNOTATION
-from webhook.install.celpolicy import RULES as CEL_RULES
 from webhook.policies import parse_policy
+from webhook.render.admission import OVERRIDES_ANNOTATION
+from webhook.render.validating import RULES as CEL_RULES
 
 pytestmark = pytest.mark.e2e
 

@@ -21,8 +21,8 @@ from tests.e2e.test_celpolicy import vap_rules
 from tests.paths import MANIFESTS
 from webhook.core.review import review_object
 from webhook.dev.cluster import DevCluster
-from webhook.install.celpolicy import BINDING_KIND, POLICY_KIND, validating_policies
 from webhook.policies import DEFAULT_POLICY
+from webhook.render.validating import BINDING_KIND, POLICY_KIND, validating_policies
 
 pytestmark = pytest.mark.e2e
 

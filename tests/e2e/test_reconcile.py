@@ -17,18 +17,14 @@ from tests.e2e.rest import account_client, idle_webhook
 from webhook.certs.lease import read_json
 from webhook.core.policy import Policy
 from webhook.dev.cluster import DevCluster
-from webhook.install import manifests, mutatingpolicy
-from webhook.install.celpolicy import (
-    BINDING_KIND,
-    LABELS,
-    POLICY_KIND,
-    RULES,
-    validating_policies,
-)
+from webhook.install import manifests
 from webhook.install.fingerprint import ANNOTATION, spec_fingerprint
 from webhook.install.reconcile import ScopeKeeper
-from webhook.install.scope import match_conditions, view_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
+from webhook.render import mutating
+from webhook.render.admission import LABELS
+from webhook.render.scope import match_conditions, view_conditions
+from webhook.render.validating import BINDING_KIND, POLICY_KIND, RULES, validating_policies
 
 pytestmark = pytest.mark.e2e
 
@@ -249,8 +245,8 @@ def test_a_new_policy_rewrites_conditions_and_cel_policies(admission: Any, as_ke
 
 def mutating_objects(api: Any) -> dict[str, dict[str, dict[str, Any]]]:
     listed = {
-        mutatingpolicy.POLICY_KIND: api.list_mutating_admission_policy,
-        mutatingpolicy.BINDING_KIND: api.list_mutating_admission_policy_binding,
+        mutating.POLICY_KIND: api.list_mutating_admission_policy,
+        mutating.BINDING_KIND: api.list_mutating_admission_policy_binding,
     }
     return {
         kind: {
@@ -265,21 +261,21 @@ def test_the_1_36_install_keeps_its_mutating_policies(cluster: DevCluster, admis
     """The 1.36+ install carries MutatingAdmissionPolicies: the leader, with that install's
     RBAC, keeps them in step as it does the CEL policies, and scopes the webhooks (there
     only with the cluster view) to what the view decides."""
-    rendered = mutatingpolicy.mutating_policies(DEFAULT_POLICY, namespace=NAMESPACE)
+    rendered = mutating.mutating_policies(DEFAULT_POLICY, namespace=NAMESPACE)
     with keeper_account(cluster, manifests.APISERVER_OVERLAY) as account:
         keeper = ScopeKeeper(account, webhook_config=CONFIG, namespace=NAMESPACE)
         # An install that carries none gets none, and its webhooks keep their full scope.
         keeper.reconcile(changed_policy())
         assert mutating_objects(admission) == {
-            mutatingpolicy.POLICY_KIND: {},
-            mutatingpolicy.BINDING_KIND: {},
+            mutating.POLICY_KIND: {},
+            mutating.BINDING_KIND: {},
         }
         assert (
             conditions_of(admission) == [[dict(c) for c in match_conditions(changed_policy())]] * 2
         )
         try:
             for obj in rendered:
-                if obj["kind"] == mutatingpolicy.POLICY_KIND:
+                if obj["kind"] == mutating.POLICY_KIND:
                     admission.create_mutating_admission_policy(obj)
                 else:
                     admission.create_mutating_admission_policy_binding(obj)
@@ -292,10 +288,8 @@ def test_the_1_36_install_keeps_its_mutating_policies(cluster: DevCluster, admis
             assert conditions_of(admission) == [view, view]
 
             changes = keeper.reconcile(changed_policy())
-            assert f"{mutatingpolicy.POLICY_KIND} {mutatingpolicy.MUTATE} updated" in changes, (
-                changes
-            )
-            stored = mutating_objects(admission)[mutatingpolicy.POLICY_KIND][mutatingpolicy.MUTATE]
+            assert f"{mutating.POLICY_KIND} {mutating.MUTATE} updated" in changes, changes
+            stored = mutating_objects(admission)[mutating.POLICY_KIND][mutating.MUTATE]
             assert "example.com/gpu" in str(stored["spec"])
             assert (
                 conditions_of(admission)
@@ -304,9 +298,9 @@ def test_the_1_36_install_keeps_its_mutating_policies(cluster: DevCluster, admis
             assert keeper.reconcile(changed_policy()) == []
         finally:
             objects = mutating_objects(admission)
-            for name in objects[mutatingpolicy.BINDING_KIND]:
+            for name in objects[mutating.BINDING_KIND]:
                 admission.delete_mutating_admission_policy_binding(name)
-            for name in objects[mutatingpolicy.POLICY_KIND]:
+            for name in objects[mutating.POLICY_KIND]:
                 admission.delete_mutating_admission_policy(name)
 
 
@@ -419,8 +413,8 @@ def test_serve_keeps_the_1_36_installs_mutating_policies(
     MutatingAdmissionPolicies, and the webhooks keep the view's scope."""
     wanted = [dict(c) for c in view_conditions(changed_policy())]
     try:
-        for obj in mutatingpolicy.mutating_policies(DEFAULT_POLICY, namespace=NAMESPACE):
-            if obj["kind"] == mutatingpolicy.POLICY_KIND:
+        for obj in mutating.mutating_policies(DEFAULT_POLICY, namespace=NAMESPACE):
+            if obj["kind"] == mutating.POLICY_KIND:
                 admission.create_mutating_admission_policy(obj)
             else:
                 admission.create_mutating_admission_policy_binding(obj)
@@ -428,8 +422,8 @@ def test_serve_keeps_the_1_36_installs_mutating_policies(
             leader.edit_policy(CHANGED)
 
             def followed() -> bool:
-                policies = mutating_objects(admission)[mutatingpolicy.POLICY_KIND]
-                mutate = policies[mutatingpolicy.MUTATE]
+                policies = mutating_objects(admission)[mutating.POLICY_KIND]
+                mutate = policies[mutating.MUTATE]
                 # Marked with the fingerprint of the file it was rendered from, as the
                 # install's own objects are (the chart checks it).
                 marked = mutate["metadata"].get("annotations", {}).get(ANNOTATION)
@@ -441,10 +435,10 @@ def test_serve_keeps_the_1_36_installs_mutating_policies(
 
             leader.wait(followed)
         output = leader.served.output()
-        assert f"{mutatingpolicy.POLICY_KIND} {mutatingpolicy.MUTATE} updated" in output
+        assert f"{mutating.POLICY_KIND} {mutating.MUTATE} updated" in output
     finally:
         objects = mutating_objects(admission)
-        for name in objects[mutatingpolicy.BINDING_KIND]:
+        for name in objects[mutating.BINDING_KIND]:
             admission.delete_mutating_admission_policy_binding(name)
-        for name in objects[mutatingpolicy.POLICY_KIND]:
+        for name in objects[mutating.POLICY_KIND]:
             admission.delete_mutating_admission_policy(name)

@@ -35,7 +35,7 @@ from webhook.certs.rotation import (
 )
 from webhook.certs.selfmanaged import SelfManagedCertificates
 from webhook.dev.cluster import DevCluster
-from webhook.install.celpolicy import POLICY_NAMES
+from webhook.render.validating import POLICY_NAMES
 
 pytestmark = pytest.mark.e2e
 

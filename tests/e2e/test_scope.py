@@ -1,6 +1,6 @@
 """The webhooks' matchConditions through a real kube-apiserver: what reaches the webhook.
 
-The conditions (webhook/install/scope.py, registered by the dev cluster from the policy
+The conditions (webhook/render/scope.py, registered by the dev cluster from the policy
 it serves) must send every object the decision core acts on, and nothing else that is
 common: a plain pod never waits on the webhook, and with the webhook down plain pods
 are admitted while GPU pods are still refused (validate.gpushare.io fails closed).

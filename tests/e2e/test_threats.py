@@ -35,8 +35,8 @@ from tests.e2e.test_bypass import (
     workload,
 )
 from webhook.dev.cluster import DevCluster
-from webhook.install.celpolicy import SOURCES_SUFFIX, validating_policies
 from webhook.policies import DEFAULT_POLICY
+from webhook.render.validating import SOURCES_SUFFIX, validating_policies
 
 pytestmark = pytest.mark.e2e
 

@@ -25,7 +25,8 @@ from tests.e2e import serving
 from tests.e2e.conftest import own_control_plane
 from tests.install.chart import CHART, find_helm, find_kubectl, run
 from webhook.dev.cluster import DevCluster
-from webhook.install import celpolicy, manifests, mutatingpolicy
+from webhook.install import manifests
+from webhook.render import mutating, validating
 
 pytestmark = pytest.mark.e2e
 
@@ -114,7 +115,7 @@ def ours(kubectl: str, kubeconfig: Path) -> set[str]:
         found |= {
             name
             for name in names(kubectl, kubeconfig, kind)
-            if name.split("/", 1)[1] in celpolicy.POLICY_NAMES
+            if name.split("/", 1)[1] in validating.POLICY_NAMES
         }
     return found
 
@@ -268,12 +269,12 @@ def test_uninstall_removes_the_1_36_installs_mutating_policies(
     kube(kubectl, kubeconfig, "apply", "--server-side", "-f", "-", stdin=manifests.to_yaml(objects))
     kinds = "mutatingadmissionpolicies,mutatingadmissionpolicybindings"
     assert {name.split("/", 1)[1] for name in names(kubectl, kubeconfig, kinds)} == set(
-        mutatingpolicy.POLICY_NAMES
+        mutating.POLICY_NAMES
     )
     done = uninstall(kubeconfig, f"--namespace={namespace}")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = done.stdout.splitlines()
-    for name in mutatingpolicy.POLICY_NAMES:
+    for name in mutating.POLICY_NAMES:
         assert lines.index(f"deleted MutatingAdmissionPolicyBinding {name}") < lines.index(
             f"deleted MutatingAdmissionPolicy {name}"
         ), done.stdout

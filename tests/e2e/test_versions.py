@@ -26,10 +26,10 @@ from tests.e2e.rest import Api, gpu_pod
 from tests.paths import ROOT
 from webhook.core.policy import Policy
 from webhook.dev.cluster import DevCluster, running
-from webhook.install import mutatingpolicy
-from webhook.install.celpolicy import validating_policies
 from webhook.install.mode import APISERVER, WEBHOOKS, detect, install_mode
 from webhook.policies import load_policy
+from webhook.render import mutating
+from webhook.render.validating import validating_policies
 
 pytestmark = pytest.mark.e2e
 
@@ -81,15 +81,15 @@ def install_objects(policy: Policy, served: set[str]) -> list[Obj]:
     the mutation in the apiserver where the install's choice says so."""
     objects = validating_policies(policy)
     if install_mode(served) == APISERVER:
-        objects += mutatingpolicy.mutating_policies(policy)
+        objects += mutating.mutating_policies(policy)
     return objects
 
 
 _PLURALS: Final = {
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
-    mutatingpolicy.POLICY_KIND: "mutatingadmissionpolicies",
-    mutatingpolicy.BINDING_KIND: "mutatingadmissionpolicybindings",
+    mutating.POLICY_KIND: "mutatingadmissionpolicies",
+    mutating.BINDING_KIND: "mutatingadmissionpolicybindings",
 }
 
 
@@ -248,7 +248,7 @@ def test_mutating_policies_where_served_alone_give_the_slice(
     version: Version, versioned: DevCluster, api: Api
 ) -> None:
     served = served_kinds(api)
-    assert (mutatingpolicy.SERVED_AS in served) == version.mutating_policies, sorted(served)
+    assert (mutating.SERVED_AS in served) == version.mutating_policies, sorted(served)
     client = versioned.api_client()
     try:
         # What the install's own discovery makes of it: the same fact, the same choice.

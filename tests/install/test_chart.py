@@ -41,15 +41,15 @@ from tests.install.test_manifests import strings
 from tests.paths import DEFAULT_POLICY_FILE, ROOT, documentation
 from tests.paths import EXAMPLES as POLICY_EXAMPLES
 from webhook.cli import main
-from webhook.install import celpolicy, mutatingpolicy
 from webhook.install.fingerprint import ANNOTATION, spec_fingerprint, stamp
 from webhook.install.manifests import (
     cel_policies_text,
     helm_values_text,
     webhook_configurations,
 )
-from webhook.install.scope import match_conditions, view_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
+from webhook.render import mutating, validating
+from webhook.render.scope import match_conditions, view_conditions
 
 DEPLOY = ROOT / "deploy"
 WEBHOOK_KINDS = ("MutatingWebhookConfiguration", "ValidatingWebhookConfiguration")
@@ -178,7 +178,7 @@ def test_cluster_view_renders_the_cluster_view_install(helm: str, kubectl: str) 
     assert_same_install(helm, kubectl, directory=directory, settings=["clusterView.enabled=true"])
 
 
-SERVED = ["--api-versions", mutatingpolicy.SERVED_AS]
+SERVED = ["--api-versions", mutating.SERVED_AS]
 
 
 @pytest.mark.parametrize(
@@ -230,7 +230,7 @@ def test_with_the_view_where_policies_are_served_it_renders_the_view_overlay(
 def test_with_the_view_the_apiserver_install_registers_what_the_view_decides(helm: str) -> None:
     objects = template(helm, settings=["clusterView.enabled=true"], extra=SERVED)
     kinds = {o["kind"] for o in objects}
-    assert set(mutatingpolicy.KINDS) | set(WEBHOOK_KINDS) <= kinds
+    assert set(mutating.KINDS) | set(WEBHOOK_KINDS) <= kinds
     view = [dict(c) for c in view_conditions(DEFAULT_POLICY)]
     hooks = [o["webhooks"][0] for o in objects if o["kind"] in WEBHOOK_KINDS]
     assert [h["matchConditions"] for h in hooks] == [view, view]
@@ -244,10 +244,8 @@ def test_with_the_view_the_apiserver_install_registers_what_the_view_decides(hel
 def test_the_apiserver_install_follows_the_release_namespace(helm: str) -> None:
     objects = template(helm, namespace="gpu-admission", extra=SERVED)
     assert NAMESPACE not in "\n".join(strings(objects))
-    for policy in (o for o in objects if o["kind"] in mutatingpolicy.KINDS):
-        field = (
-            "matchConstraints" if policy["kind"] == mutatingpolicy.POLICY_KIND else "matchResources"
-        )
+    for policy in (o for o in objects if o["kind"] in mutating.KINDS):
+        field = "matchConstraints" if policy["kind"] == mutating.POLICY_KIND else "matchResources"
         selector = policy["spec"][field]["namespaceSelector"]
         assert selector["matchExpressions"][0]["values"] == ["kube-system", "gpu-admission"]
 
@@ -472,19 +470,21 @@ def test_a_policy_of_your_own_brings_every_admission_object(
     for objects in (webhooks, apiserver):
         assert one(objects, "ConfigMap", "gpushare-policy")["data"]["policy.yaml"] == text
         # Helm orders objects by kind; compared object by object, in the release namespace.
-        cel = celpolicy.validating_policies(policy, namespace=namespace)
+        cel = validating.validating_policies(policy, namespace=namespace)
         stamp(cel, fingerprint)
-        assert by_identity([o for o in objects if o["kind"] in celpolicy.KINDS]) == by_identity(cel)
-    mutating = mutatingpolicy.mutating_policies(policy, namespace=namespace)
-    stamp(mutating, fingerprint)
-    rendered = [o for o in apiserver if o["kind"] in mutatingpolicy.KINDS]
-    assert by_identity(rendered) == by_identity(mutating)
-    assert not [o for o in webhooks if o["kind"] in mutatingpolicy.KINDS]
+        assert by_identity([o for o in objects if o["kind"] in validating.KINDS]) == by_identity(
+            cel
+        )
+    mutating_objects = mutating.mutating_policies(policy, namespace=namespace)
+    stamp(mutating_objects, fingerprint)
+    rendered = [o for o in apiserver if o["kind"] in mutating.KINDS]
+    assert by_identity(rendered) == by_identity(mutating_objects)
+    assert not [o for o in webhooks if o["kind"] in mutating.KINDS]
 
 
 def test_no_cel_example_renders_no_admission_policies(helm: str) -> None:
     objects = template(helm, values=[CHART / "ci" / "no-cel-values.yaml"])
-    assert not set(kinds(objects)) & set(celpolicy.KINDS)
+    assert not set(kinds(objects)) & set(validating.KINDS)
     assert "PodDisruptionBudget" not in kinds(objects)
     assert "priorityClassName" not in pod_spec(objects)
 

@@ -27,10 +27,11 @@ import webhook
 from tests.paths import ROOT
 from webhook.cli import build_parser, main
 from webhook.core.workload import TEMPLATE_PATHS
-from webhook.install import celpolicy, manifests
-from webhook.install.celpolicy import POLICY_NAMES
+from webhook.install import manifests
 from webhook.install.manifests import ManifestError, Obj
 from webhook.policies import load_policy
+from webhook.render import validating
+from webhook.render.validating import POLICY_NAMES
 
 DEPLOY = ROOT / "deploy"
 NS = "gpushare-system"
@@ -101,7 +102,7 @@ def test_default_install_objects() -> None:
         ("PodDisruptionBudget", "gpushare-webhook"),
         *[
             (kind, name)
-            for kind in celpolicy.KINDS
+            for kind in validating.KINDS
             for name in ("gpushare-deny", "gpushare-deny-sources", "gpushare-overrides")
         ],
         ("MutatingWebhookConfiguration", "gpushare-webhook"),
@@ -129,7 +130,7 @@ def test_namespaced_objects_live_in_the_install_namespace(overlay: str) -> None:
             "ClusterRole",
             "ClusterRoleBinding",
             *manifests.WEBHOOK_KINDS,
-            *celpolicy.KINDS,
+            *validating.KINDS,
         }:
             assert "namespace" not in obj["metadata"], obj["kind"]
         else:

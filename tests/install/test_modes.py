@@ -19,7 +19,7 @@ import yaml
 from tests.paths import DEFAULT_POLICY_FILE, ROOT, documentation
 from webhook.cli import main
 from webhook.cli import manifests as cli_manifests
-from webhook.install import celpolicy, manifests, mutatingpolicy
+from webhook.install import manifests
 from webhook.install.fingerprint import spec_fingerprint, stamp
 from webhook.install.mode import (
     APISERVER,
@@ -28,8 +28,9 @@ from webhook.install.mode import (
     install_mode,
     parse_version,
 )
-from webhook.install.scope import match_conditions, view_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
+from webhook.render import mutating, validating
+from webhook.render.scope import match_conditions, view_conditions
 
 Obj = dict[str, Any]
 CUSTOM = parse_policy(
@@ -73,7 +74,7 @@ def test_the_version_decides_without_a_cluster(version: str, mode: str) -> None:
 
 
 def test_what_is_served_decides_over_the_version() -> None:
-    assert install_mode({mutatingpolicy.SERVED_AS, "v1/Pod"}) == APISERVER
+    assert install_mode({mutating.SERVED_AS, "v1/Pod"}) == APISERVER
     # A 1.36 apiserver with the API switched off, or one serving only the beta.
     assert install_mode(set()) == WEBHOOKS
     assert (
@@ -120,7 +121,7 @@ def test_the_kustomize_view_install_registers_what_set_view_scope_does() -> None
         ca_bundle=b"", policy=DEFAULT_POLICY, mode=APISERVER
     )
     assert hooks == [h for o in configured for h in o["webhooks"]]
-    assert set(mutatingpolicy.KINDS) <= kinds(objects)
+    assert set(mutating.KINDS) <= kinds(objects)
 
 
 def test_generated_view_conditions_are_the_generators() -> None:
@@ -137,9 +138,9 @@ def test_generated_view_conditions_are_the_generators() -> None:
 def test_the_apiserver_install_registers_no_webhook() -> None:
     objects = manifests.render(overlay=manifests.APISERVER_OVERLAY)
     assert not kinds(objects) & set(manifests.WEBHOOK_KINDS)
-    assert set(celpolicy.KINDS) | set(mutatingpolicy.KINDS) <= kinds(objects)
-    names = {o["metadata"]["name"] for o in objects if o["kind"] in mutatingpolicy.KINDS}
-    assert names == set(mutatingpolicy.POLICY_NAMES)
+    assert set(validating.KINDS) | set(mutating.KINDS) <= kinds(objects)
+    names = {o["metadata"]["name"] for o in objects if o["kind"] in mutating.KINDS}
+    assert names == set(mutating.POLICY_NAMES)
     # The Deployment is the policy controller: the leader keeps the policies in step.
     (deployment,) = [o for o in objects if o["kind"] == "Deployment"]
     args = deployment["spec"]["template"]["spec"]["containers"][0]["args"]
@@ -154,28 +155,26 @@ def test_the_apiserver_install_registers_no_webhook() -> None:
     }
     for resource in ("mutatingadmissionpolicies", "mutatingadmissionpolicybindings"):
         assert by_resource[(resource, "list")] is None
-        assert set(by_resource[(resource, "update")]) == set(mutatingpolicy.POLICY_NAMES)
+        assert set(by_resource[(resource, "update")]) == set(mutating.POLICY_NAMES)
 
 
 def test_the_apiserver_install_takes_the_policy_and_namespace() -> None:
     objects = manifests.render(
         overlay=manifests.APISERVER_OVERLAY, policy=CUSTOM, namespace="gpu-admission"
     )
-    rendered = mutatingpolicy.mutating_policies(CUSTOM, namespace="gpu-admission")
+    rendered = mutating.mutating_policies(CUSTOM, namespace="gpu-admission")
     stamp(rendered, spec_fingerprint(manifests.policy_yaml(CUSTOM)))
-    assert [o for o in objects if o["kind"] in mutatingpolicy.KINDS] == sorted(
+    assert [o for o in objects if o["kind"] in mutating.KINDS] == sorted(
         rendered, key=manifests._sort_key
     )
     assert "gpushare-system" not in yaml.safe_dump(
-        [o for o in objects if o["kind"] in mutatingpolicy.KINDS]
+        [o for o in objects if o["kind"] in mutating.KINDS]
     )
 
 
 def test_the_webhook_install_has_no_mutating_policies() -> None:
     for overlay in manifests.OVERLAYS:
-        assert not kinds(manifests.render(overlay=overlay, policy=CUSTOM)) & set(
-            mutatingpolicy.KINDS
-        )
+        assert not kinds(manifests.render(overlay=overlay, policy=CUSTOM)) & set(mutating.KINDS)
 
 
 def test_with_the_view_the_webhooks_hold_only_what_the_view_decides() -> None:
@@ -278,7 +277,7 @@ def test_the_docs_render_for_a_version_as_written(tmp_path: Path) -> None:
         (written,) = re.findall(r"> (\S+)", command)
         objects = [d for d in yaml.safe_load_all((tmp_path / written).read_text()) if d]
         version = command.split("--kubernetes-version ")[1].split()[0]
-        has_policies = bool(kinds(objects) & set(mutatingpolicy.KINDS))
+        has_policies = bool(kinds(objects) & set(mutating.KINDS))
         assert has_policies == (install_mode(kubernetes_version=version) == APISERVER)
 
 
@@ -293,7 +292,7 @@ def test_the_upgrade_table_of_the_apiserver_install_is_what_it_renders() -> None
     objects = manifests.render(overlay=manifests.APISERVER_OVERLAY)
     rendered = {(o["kind"], o["metadata"]["name"]) for o in objects}
     assert {(kind, name) for kind, name, *_ in rows} == {
-        (kind, name) for kind, name in rendered if kind in mutatingpolicy.KINDS
+        (kind, name) for kind, name in rendered if kind in mutating.KINDS
     }
     (role,) = [o for o in objects if o["kind"] == "ClusterRole"]
     for _kind, name, created, kept in rows:
@@ -320,7 +319,7 @@ def test_manifests_only_mutating_prints_just_the_mutating_policies(tmp_path: Pat
     printed = manifests_output(
         "--only", "mutating", "--policy", str(policy_file), "--namespace", "gpu-admission"
     )
-    wanted = mutatingpolicy.mutating_policies(
+    wanted = mutating.mutating_policies(
         parse_policy(text, source="strict"), namespace="gpu-admission"
     )
     stamp(wanted, spec_fingerprint(text))
@@ -333,11 +332,11 @@ def test_manifests_with_a_policy_marks_every_admission_object_with_it() -> None:
     for version in ("1.35", "1.36"):
         printed = manifests_output("--kubernetes-version", version, "--policy", str(policy_file))
         objects = [o for o in yaml.safe_load_all(printed) if o]
-        admission = [o for o in objects if o["kind"] in (*celpolicy.KINDS, *mutatingpolicy.KINDS)]
+        admission = [o for o in objects if o["kind"] in (*validating.KINDS, *mutating.KINDS)]
         assert len(admission) >= 4
         marks = {o["metadata"]["annotations"]["gpushare.io/policy-spec"] for o in admission}
         assert marks == {spec_fingerprint(text)}
-        assert set(mutatingpolicy.KINDS) <= kinds(objects) or version == "1.35"
+        assert set(mutating.KINDS) <= kinds(objects) or version == "1.35"
 
 
 def test_manifests_helm_values_hold_the_policy_and_all_its_objects() -> None:

@@ -7,9 +7,9 @@ import copy
 
 import jsonpatch
 
-from webhook.install.celpolicy import validating_policies
 from webhook.install.reconcile import _holds, _stamped, conditions_patch
-from webhook.install.scope import MatchCondition
+from webhook.render.scope import MatchCondition
+from webhook.render.validating import validating_policies
 
 OLD: list[MatchCondition] = [{"name": "gpu", "expression": "true"}]
 NEW: list[MatchCondition] = [{"name": "gpu", "expression": "false"}]

@@ -12,7 +12,7 @@ import pytest
 from tests.install.chart import CHART, EXAMPLES, Obj, find_helm, template
 from webhook.certs.selfmanaged import SelfManagedCertificates, SelfManagedConfig
 from webhook.cli import main
-from webhook.install import celpolicy, manifests, mutatingpolicy
+from webhook.install import manifests
 from webhook.install.uninstall import (
     KINDS,
     LABEL_SELECTOR,
@@ -21,6 +21,8 @@ from webhook.install.uninstall import (
     PART_OF,
     installed_names,
 )
+from webhook.render import admission
+from webhook.render.targets import TARGETS
 
 NAMESPACE = "gpu-admission"
 
@@ -45,14 +47,14 @@ def test_no_crd_is_ever_deleted() -> None:
 
 def test_the_label_is_the_installs() -> None:
     key, _, value = LABEL_SELECTOR.partition("=")
-    assert key == PART_OF and celpolicy.LABELS[key] == value
+    assert key == PART_OF and admission.LABELS[key] == value
 
 
 def test_every_cel_policy_name_is_looked_for() -> None:
     names = installed_names(NAMESPACE)
-    for module in (celpolicy, mutatingpolicy):
-        for kind in module.KINDS:
-            assert names[kind] >= set(module.POLICY_NAMES)
+    for target in TARGETS:
+        for kind in target.kinds:
+            assert names[kind] >= set(target.names)
 
 
 def found(obj: Obj, names: dict[str, set[str]]) -> bool:

@@ -252,7 +252,7 @@ DOTDOT_REQUESTS: Final = (
 @pytest.mark.parametrize("path", DOTDOT_REQUESTS)
 @on("hardened")
 def test_a_dotdot_device_request_in_a_plain_pod_is_refused(node: NodeHarness, path: str) -> None:
-    # On 1.36+ the webhooks see only pods that ask for a GPU (install.scope.view_conditions)
+    # On 1.36+ the webhooks see only pods that ask for a GPU (render.scope.view_conditions)
     # and CEL cannot resolve "..": a plain pod with this mount reaches a node where the
     # toolkit honours device-request mounts (node setting 2, the hardened profile). This
     # test shows what such a pod gets when the install admits it.

@@ -25,8 +25,8 @@ from webhook.install.manifests import (
     to_yaml,
 )
 from webhook.install.mode import WEBHOOKS, Mode, ModeError, detect, install_mode
-from webhook.install.scope import match_conditions
 from webhook.policies import DEFAULT_SOURCE, load_policy, parse_policy
+from webhook.render.scope import match_conditions
 
 MANIFESTS_HELP: Final = "print the install manifests (what kubectl kustomize deploy/ renders)"
 MANIFESTS_DESCRIPTION: Final = """\

@@ -16,9 +16,9 @@ from webhook.cli.common import EXIT_DENIED, EXIT_OK, Commands, UsageError
 from webhook.core.cluster import view_from_objects
 from webhook.core.policy import Policy, PolicyError, describe_yaml_error
 from webhook.core.review import ReviewEntry, review_object
-from webhook.install.celpolicy import SYSTEM_NAMESPACES
 from webhook.install.manifests import BASE_NAMESPACE
 from webhook.policies import load_policy
+from webhook.render.admission import SYSTEM_NAMESPACES
 
 
 def _read_text(path: str, stdin: TextIO) -> str:

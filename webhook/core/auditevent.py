@@ -7,7 +7,7 @@ the record the webhook would have written for the same request:
 
 - a rule of a ``warn`` or ``audit`` ValidatingAdmissionPolicy (``gpushare-warn``,
   ``gpushare-audit`` and their ``-sources`` twins) that the object breaks is the audit
-  annotation ``<policy>/<rule id>`` (:func:`webhook.install.celpolicy.audit_annotations`),
+  annotation ``<policy>/<rule id>`` (:func:`webhook.render.validating.audit_annotations`),
   and, for the request's first failure only, the apiserver's own
   ``validation.policy.admission.k8s.io/validation_failure``;
 - a refusal is the response status: ``ValidatingAdmissionPolicy 'gpushare-deny' with

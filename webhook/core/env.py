@@ -7,6 +7,9 @@ from typing import Any, Final, Literal
 
 from webhook.core.workload import MAPPINGS
 
+# The toolkit's device list: judged wherever it is set, the void where a GPU is not asked.
+VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+
 
 def env_value(entry: Mapping[str, Any]) -> str | None:
     """An env entry's literal value; None when it comes from valueFrom."""

@@ -16,6 +16,8 @@ from typing import Final
 _OPEN: Final = "\x1e"
 _CLOSE: Final = "\x1f"
 _VALUE: Final = re.compile(f"{_OPEN}[^{_CLOSE}]*{_CLOSE}")
+# What stands for a user's value in redacted text.
+HIDDEN: Final = "\u2026"
 _MARKS: Final = str.maketrans({_OPEN: '"', _CLOSE: '"'})
 _STRIP: Final = str.maketrans({_OPEN: None, _CLOSE: None})
 
@@ -32,7 +34,7 @@ def shown(text: str) -> str:
 
 def redacted(text: str) -> str:
     """Text with every :func:`quoted` value replaced by ``"…"``."""
-    return _VALUE.sub('"\u2026"', text) if _OPEN in text else text
+    return _VALUE.sub(f'"{HIDDEN}"', text) if _OPEN in text else text
 
 
 @dataclass(slots=True)

@@ -11,7 +11,7 @@ from webhook.core.policy import Mode, NodeSelectorMode, Policy
 from webhook.core.resources import PodRequests
 
 # Values other projects write for the same modes (HAMi's nvidia.com/vgpu-mode: hami-core).
-_ALIASES: Final[Mapping[str, Mode]] = {
+MODE_ALIASES: Final[Mapping[str, Mode]] = {
     "vgpu": "vgpu",
     "hami-core": "vgpu",
     "mps": "mps",
@@ -44,7 +44,7 @@ def _annotated_mode(
         raw = annotations.get(key)
         if raw is None:
             continue
-        value = _ALIASES.get(str(raw).strip().lower())
+        value = MODE_ALIASES.get(str(raw).strip().lower())
         if value is None:
             findings.append(
                 Finding(
@@ -63,7 +63,7 @@ def _naming(annotations: Mapping[str, Any], policy: Policy) -> tuple[str, Mode] 
         raw = annotations.get(key)
         if raw is None:
             continue
-        value = _ALIASES.get(str(raw).strip().lower())
+        value = MODE_ALIASES.get(str(raw).strip().lower())
         if value is not None:
             return key, value
     return None
@@ -79,7 +79,7 @@ def _placed(annotations: Mapping[str, Any], policy: Policy) -> bool:
     """An annotation whose scheduler places mps pods itself says mps: that scheduler reads
     it whatever else the pod says (and the mutation adds gpushare.io/mode beside it)."""
     return any(
-        _ALIASES.get(str(annotations.get(key)).strip().lower()) == "mps"
+        MODE_ALIASES.get(str(annotations.get(key)).strip().lower()) == "mps"
         for key in policy.mps_placed_annotations
         if key in annotations
     )

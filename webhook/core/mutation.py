@@ -17,7 +17,13 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Final
 
-from webhook.core.env import DEVICE_PINS, ContainerClass, env_value, names_nvidia_env
+from webhook.core.env import (
+    DEVICE_PINS,
+    VISIBLE_DEVICES,
+    ContainerClass,
+    env_value,
+    names_nvidia_env,
+)
 from webhook.core.finding import quoted
 from webhook.core.injection import (
     LIBRARY_PATH,
@@ -440,21 +446,23 @@ def _void_ops(out: Patch, view: PodView, requests: PodRequests, policy: Policy) 
             pointer = f"{view.spec_pointer}/{kind}/{index}/env"
             if env is None:
                 out.add(
-                    {"op": "add", "path": pointer, "value": [{"name": _VISIBLE, "value": VOID}]}
+                    {
+                        "op": "add",
+                        "path": pointer,
+                        "value": [{"name": VISIBLE_DEVICES, "value": VOID}],
+                    }
                 )
             elif isinstance(env, list) and not any(
-                isinstance(entry, MAPPINGS) and entry.get("name") == _VISIBLE for entry in env
+                isinstance(entry, MAPPINGS) and entry.get("name") == VISIBLE_DEVICES
+                for entry in env
             ):
                 out.add(
                     {
                         "op": "add",
                         "path": f"{pointer}/-",
-                        "value": {"name": _VISIBLE, "value": VOID},
+                        "value": {"name": VISIBLE_DEVICES, "value": VOID},
                     }
                 )
-
-
-_VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
 
 
 def _pool_ops(out: Patch, view: PodView, policy: Policy) -> None:

@@ -66,12 +66,13 @@ from webhook.core.workload import MAPPINGS, PodView, as_mapping
 
 Phase = Literal["mutate", "validate"]
 
-_HARMLESS_VISIBLE_DEVICES: Final = frozenset({"void", "none", ""})
+# Tuples, not sets: the in-apiserver rendering spells them in this order.
+HARMLESS_VISIBLE_DEVICES: Final = ("void", "none", "")
 # capabilities.add entries that give CAP_SYS_ADMIN (runtimes upper-case them and add
 # CAP_): the NVIDIA toolkit's isPrivileged() tests for it in the bounding set.
 SYS_ADMIN: Final = frozenset({"SYS_ADMIN", "CAP_SYS_ADMIN", "ALL"})
-_TRUTHY: Final = frozenset({"1", "true", "yes", "on", "y", "t"})
-_FALSY: Final = frozenset({"0", "false"})
+TRUTHY: Final = ("1", "true", "yes", "on", "y", "t")
+FALSY: Final = ("0", "false")
 # The env switches that turn HAMi-core's enforcement off or loosen it.
 _SWITCHES: Final = frozenset(
     {
@@ -95,13 +96,13 @@ _GPU_JUDGED_ENV: Final = _JUDGED_ENV | _SWITCHES
 _PERCENT: Final = re.compile(r"[0-9]{1,9}")
 # Mounting any of these from the host hands out GPUs behind the scheduler's back
 # (/dev/char/<major>:<minor> are the same device nodes under their numbers).
-_DEVICE_PREFIXES: Final = ("/dev/nvidia", "/run/nvidia", "/var/run/nvidia", "/dev/char")
+DEVICE_PATH_PREFIXES: Final = ("/dev/nvidia", "/run/nvidia", "/var/run/nvidia", "/dev/char")
 # Mounting a parent directory exposes the device nodes as well.
-_DEVICE_PARENTS: Final = frozenset({"/", "/dev", "/run", "/var/run", "/var"})
+DEVICE_PARENTS: Final = frozenset({"/", "/dev", "/run", "/var/run", "/var"})
 # What reaches the accounting from the side: the kubelet's state (device-plugin sockets,
 # other pods' volumes and limit caches), /proc (/proc/<pid>/root is the host's root),
 # and the container runtimes' sockets and state. Their parents count too.
-_SIDE_ROOTS: Final = (
+SIDE_ROOTS: Final = (
     "/var/lib/kubelet",
     "/proc",
     "/run/containerd",
@@ -120,7 +121,7 @@ _SIDE_ROOTS: Final = (
 )
 # The GPU stack's configuration: CDI specs and the NVIDIA runtime's settings decide
 # which devices every pod on the node gets. Reading them is harmless; writing is not.
-_CONFIG_ROOTS: Final = (
+CONFIG_ROOTS: Final = (
     "/etc/cdi",
     "/run/cdi",
     "/var/run/cdi",
@@ -162,7 +163,7 @@ STACK_FILE_PREFIXES: Final = (
 # The NVIDIA container toolkit reads device requests from mounts below these: it cleans
 # a mount's destination and matches its root as a string prefix (internal/config/image/
 # cuda_image.go, requestsFromMounts), so .../nvidia-container-devicesall asks for "all".
-_DEVICE_REQUEST_DIRS: Final = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
+DEVICE_REQUEST_DIRS: Final = ("/var/run/nvidia-container-devices", "/run/nvidia-container-devices")
 # In every spelling of a path those roots start (cleaned or not).
 DEVICE_REQUEST_MARK: Final = "nvidia-container-devices"
 # Paths inside the container that a node component reads (cleaned), besides the lock and
@@ -258,10 +259,10 @@ def _within(path: str, roots: Iterable[str]) -> bool:
 
 def _protected(path: str, policy: Policy) -> bool:
     """``path`` (normalised) reaches devices, limits or accounting, or contains what does."""
-    if path in _DEVICE_PARENTS or path.startswith(_DEVICE_PREFIXES):
+    if path in DEVICE_PARENTS or path.startswith(DEVICE_PATH_PREFIXES):
         return True
     roots = (
-        *_SIDE_ROOTS,
+        *SIDE_ROOTS,
         posixpath.dirname(policy.library_host_path),
         policy.lock_host_path,
         policy.mps_pipe_directory,
@@ -332,7 +333,7 @@ def _host_path_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
                 f'volume "{name}": hostPath {raw} exposes GPUs, their limits or the node\'s '
                 "accounting; request GPUs in limits",
             )
-        elif _contains(path, _CONFIG_ROOTS) and name in (
+        elif _contains(path, CONFIG_ROOTS) and name in (
             written if written is not None else (written := _written(subject.view.spec))
         ):
             yield Finding(
@@ -367,7 +368,7 @@ def _visible_devices(label: str, value: str | None, *, source: str = "") -> Find
             "raw-visible-devices",
             f"{label}: NVIDIA_VISIBLE_DEVICES from valueFrom; request GPUs in resources.limits",
         )
-    if value.strip().lower() not in _HARMLESS_VISIBLE_DEVICES:
+    if value.strip().lower() not in HARMLESS_VISIBLE_DEVICES:
         return Finding(
             "raw-visible-devices",
             f"{label}: NVIDIA_VISIBLE_DEVICES={quoted(value[:24])}{source}; remove it, request GPUs in limits",
@@ -465,7 +466,7 @@ def _shadowed(target: str, reads: ReadPaths) -> str | None:
     """What the GPU stack reads that a mount at ``target`` (which holds a read path's
     last component or the device-request mark) shadows, or None."""
     path = normalised(target)
-    if target.startswith(_DEVICE_REQUEST_DIRS) or path.startswith(_DEVICE_REQUEST_DIRS):
+    if target.startswith(DEVICE_REQUEST_DIRS) or path.startswith(DEVICE_REQUEST_DIRS):
         return "device-request"
     for root in reads.roots:
         if path == root or path.startswith(root + "/"):
@@ -938,7 +939,7 @@ def _loosening(name: str, value: str | None, policy: Policy) -> str | None:
 def _loosens(name: str, value: str | None, policy: Policy) -> bool:
     if name == "CUDA_DISABLE_CONTROL":
         # HAMi's device plugin drops the preload when any entry parses true.
-        return opaque(value) or str(value).strip().lower() in _TRUTHY
+        return opaque(value) or str(value).strip().lower() in TRUTHY
     if name == "GPU_CORE_UTILIZATION_POLICY":
         return not policy.allow_disable_core_utilization_policy and (
             opaque(value) or str(value).strip().lower() == "disable"
@@ -947,11 +948,11 @@ def _loosens(name: str, value: str | None, policy: Policy) -> bool:
         # HAMi-core resolves every CUDA symbol in the named library instead: no hooks.
         return opaque(value) or bool(value)
     if name == "ACTIVE_OOM_KILLER":
-        return opaque(value) or str(value).strip().lower() in _FALSY
+        return opaque(value) or str(value).strip().lower() in FALSY
     if name == "CGPU_DISABLE":
         # ACK's device plugin sets it true only where the node's isolation is off
         # (gpushare-device-plugin allocate.go); from the pod it wins over the plugin's.
-        return opaque(value) or str(value).strip().lower() not in _FALSY
+        return opaque(value) or str(value).strip().lower() not in FALSY
     if name == REGION_VARIABLE:
         # HAMi's device plugin sets a file in its per-container directory; the pod's
         # value wins over it (the kubelet appends the pod's env after the plugin's).

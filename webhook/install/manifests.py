@@ -27,10 +27,11 @@ import jsonpatch
 import yaml
 
 from webhook.core.policy import API_VERSION, KIND, Policy
-from webhook.install import celpolicy, mutatingpolicy
 from webhook.install.fingerprint import CONDITIONS_KEY, fingerprint_loader, spec_fingerprint, stamp
 from webhook.install.mode import APISERVER, WEBHOOKS, Mode
-from webhook.install.scope import MatchCondition, match_conditions, view_conditions
+from webhook.render import mutating, validating
+from webhook.render.scope import MatchCondition, match_conditions, view_conditions
+from webhook.render.targets import TARGETS
 
 Obj = dict[str, Any]
 
@@ -365,7 +366,7 @@ def set_namespace(objects: Iterable[Obj], namespace: str) -> None:
                 expression["values"] = [
                     namespace if value == old else value for value in expression.get("values", [])
                 ]
-        if kind in celpolicy.KINDS or kind in mutatingpolicy.KINDS:
+        if any(kind in target.kinds for target in TARGETS):
             spec = obj.get("spec") or {}
             for field in ("matchConstraints", "matchResources"):
                 selector = (spec.get(field) or {}).get("namespaceSelector") or {}
@@ -388,7 +389,7 @@ def set_namespace(objects: Iterable[Obj], namespace: str) -> None:
 
 
 def set_match_conditions(objects: Iterable[Obj], policy: Policy) -> None:
-    """Scope every webhook to what ``policy`` acts on (:mod:`webhook.install.scope`).
+    """Scope every webhook to what ``policy`` acts on (:mod:`webhook.render.scope`).
 
     ``deploy/webhooks`` already holds the default policy's conditions; a different policy
     needs its own, or an object it acts on could be skipped.
@@ -399,22 +400,25 @@ def set_match_conditions(objects: Iterable[Obj], policy: Policy) -> None:
                 hook["matchConditions"] = [dict(c) for c in match_conditions(policy)]
 
 
-def set_cel_policies(objects: list[Obj], policy: Policy, *, fingerprint: str) -> None:
+def set_cel_policies(
+    objects: list[Obj], policy: Policy, *, fingerprint: str, today: str | None = None
+) -> None:
     """Replace the Validating- and MutatingAdmissionPolicies and their bindings in
-    ``objects`` (in place) by those of ``policy`` (:mod:`webhook.install.celpolicy`,
-    :mod:`webhook.install.mutatingpolicy`), each kind where its first one stood, marked
-    with the policy's ``fingerprint`` (:mod:`webhook.install.fingerprint`); a kind
-    ``objects`` does not hold stays out."""
-    for kinds, rendered in (
-        (celpolicy.KINDS, celpolicy.validating_policies),
-        (mutatingpolicy.KINDS, mutatingpolicy.mutating_policies),
-    ):
+    ``objects`` (in place) by those of ``policy`` (:mod:`webhook.render.validating`,
+    :mod:`webhook.render.mutating`), each kind where its first one stood, marked
+    with the policy's ``fingerprint`` (:mod:`webhook.install.fingerprint`), with the
+    exceptions that stand on ``today`` (default: today, UTC); a kind ``objects`` does not
+    hold stays out."""
+    if today is None:
+        today = time.strftime("%Y-%m-%d", time.gmtime())
+    for target in TARGETS:
+        kinds, rendered = target.kinds, target.render
         positions = [i for i, obj in enumerate(objects) if obj["kind"] in kinds]
         if not positions:
             continue
         at = positions[0]
         kept = [obj for obj in objects if obj["kind"] not in kinds]
-        fresh = rendered(policy)
+        fresh = rendered(policy, today=today)
         stamp(fresh, fingerprint)
         kept[at:at] = fresh
         # Stable: the rest keeps its order, the new objects take kustomize's.
@@ -423,7 +427,7 @@ def set_cel_policies(objects: list[Obj], policy: Policy, *, fingerprint: str) ->
 
 def set_view_scope(objects: Iterable[Obj], policy: Policy) -> None:
     """Register the webhooks of ``objects`` only for what the cluster view decides, failing
-    open: the apiserver mode with the view on (:func:`webhook.install.scope.view_conditions`).
+    open: the apiserver mode with the view on (:func:`webhook.render.scope.view_conditions`).
     Every security rule holds in the apiserver there, so a webhook outage only loses the
     view's early refusals and conveniences, and refuses no pod."""
     for obj in objects:
@@ -437,12 +441,12 @@ def cel_policies(
     policy: Policy, *, fingerprint: str | None = None, today: str | None = None
 ) -> list[Obj]:
     """The ValidatingAdmissionPolicies and bindings of ``policy``, as the install has
-    them (what the dev cluster creates; :mod:`webhook.install.celpolicy`), marked with
+    them (what the dev cluster creates; :mod:`webhook.render.validating`), marked with
     ``fingerprint`` when given, with the exceptions that stand on ``today`` (default:
     today, UTC: rendered again after an exception's last day, it is gone)."""
     if today is None:
         today = time.strftime("%Y-%m-%d", time.gmtime())
-    objects = celpolicy.validating_policies(policy, today=today)
+    objects = validating.validating_policies(policy, today=today)
     if fingerprint is not None:
         stamp(objects, fingerprint)
     return objects
@@ -450,9 +454,9 @@ def cel_policies(
 
 def mutating_policies(policy: Policy, *, fingerprint: str | None = None) -> list[Obj]:
     """The MutatingAdmissionPolicies and bindings of ``policy``, as the 1.36+ install has
-    them (what the dev cluster creates there; :mod:`webhook.install.mutatingpolicy`),
+    them (what the dev cluster creates there; :mod:`webhook.render.mutating`),
     marked with ``fingerprint`` when given."""
-    objects = mutatingpolicy.mutating_policies(policy)
+    objects = mutating.mutating_policies(policy)
     if fingerprint is not None:
         stamp(objects, fingerprint)
     return objects
@@ -469,7 +473,7 @@ def conditions_text(conditions: Sequence[MatchCondition], *, fingerprint: str) -
 CEL_POLICIES_FILE: Final = "celpolicies.yaml"
 CEL_POLICIES_HEADER: Final = """\
 # GENERATED by hack/update-match-conditions from the default policy
-# (webhook/install/celpolicy.py); do not edit. tests/install/test_celpolicy.py fails
+# (webhook/render/validating.py); do not edit. tests/render/test_validating.py fails
 # when this file and the generator disagree.
 #
 # The deny rules CEL can express, as ValidatingAdmissionPolicies the apiserver itself
@@ -484,7 +488,7 @@ CEL_POLICIES_HEADER: Final = """\
 MUTATING_POLICIES_FILE: Final = "mutatingpolicies.yaml"
 MUTATING_POLICIES_HEADER: Final = """\
 # GENERATED by hack/update-match-conditions from the default policy
-# (webhook/install/mutatingpolicy.py); do not edit. tests/install/test_modes.py fails
+# (webhook/render/mutating.py); do not edit. tests/install/test_modes.py fails
 # when this file and the generator disagree.
 #
 # The policy's mutation as MutatingAdmissionPolicies the apiserver itself applies
@@ -504,7 +508,7 @@ def mutating_policies_text(policy: Policy, *, fingerprint: str) -> str:
 VIEW_PATCH_FILE: Final = "view-scope.yaml"
 VIEW_PATCH_HEADER: Final = """\
 # GENERATED by hack/update-match-conditions from the default policy
-# (webhook/install/scope.py, view_conditions); do not edit. tests/install/test_modes.py
+# (webhook/render/scope.py, view_conditions); do not edit. tests/install/test_modes.py
 # fails when this file and the generator disagree.
 #
 # A JSON 6902 patch for each webhook configuration of the 1.36+ install with the cluster

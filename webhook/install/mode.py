@@ -1,19 +1,19 @@
 """Which install a cluster gets: decided by what its apiserver serves.
 
 - ``webhooks`` (Kubernetes 1.30-1.35): the mutating and validating webhooks, plus the
-  ValidatingAdmissionPolicies of :mod:`webhook.install.celpolicy`.
+  ValidatingAdmissionPolicies of :mod:`webhook.render.validating`.
 - ``apiserver`` (1.36+, where MutatingAdmissionPolicy v1 is served): the mutation as
-  MutatingAdmissionPolicies (:mod:`webhook.install.mutatingpolicy`) plus the
+  MutatingAdmissionPolicies (:mod:`webhook.render.mutating`) plus the
   ValidatingAdmissionPolicies, and no webhook in the pod path unless the cluster view is
   on; then one registration, failing open, for only what the view decides
-  (:func:`webhook.install.scope.view_conditions`).
+  (:func:`webhook.render.scope.view_conditions`).
 
 The served kind decides, not the version number, because a 1.36 apiserver can be run
 with the API switched off (``--runtime-config``) and then has no MutatingAdmissionPolicy
 to hold the mutation. A version (``manifests --kubernetes-version``) stands in for
 discovery when no cluster is at hand. Used by ``manifests``, the self-managed leader and
 the dev cluster; the Helm chart asks the same question with
-``.Capabilities.APIVersions.Has`` of :data:`~webhook.install.mutatingpolicy.SERVED_AS`.
+``.Capabilities.APIVersions.Has`` of :data:`~webhook.render.mutating.SERVED_AS`.
 """
 
 from __future__ import annotations
@@ -24,7 +24,8 @@ from typing import Any, Final, Literal
 
 import orjson
 
-from webhook.install.mutatingpolicy import API_VERSION, POLICY_KIND, SERVED_AS
+from webhook.render.admission import API_VERSION
+from webhook.render.mutating import POLICY_KIND, SERVED_AS
 
 Mode = Literal["webhooks", "apiserver"]
 WEBHOOKS: Final = "webhooks"

@@ -1,7 +1,7 @@
 """What the apiserver holds of the install, kept in step with the policy in force.
 
-The webhooks' ``matchConditions`` (:mod:`webhook.install.scope`) and the
-ValidatingAdmissionPolicies (:mod:`webhook.install.celpolicy`) are rendered from a
+The webhooks' ``matchConditions`` (:mod:`webhook.render.scope`) and the
+ValidatingAdmissionPolicies (:mod:`webhook.render.validating`) are rendered from a
 policy. When the policy's ConfigMap changes, a running self-managed install must follow,
 or the apiserver skips objects the new policy acts on (conditions too narrow) and keeps
 enforcing rules the new policy switched off or softened (stale CEL policies).
@@ -22,7 +22,7 @@ certificate check and at once when the policy changes:
   same way, where the apiserver serves them (:mod:`webhook.install.mode`) and the install
   carries them (the 1.36+ install). Such an install registers the webhooks only with the
   cluster view, for what the view decides, so their conditions are then
-  :func:`~webhook.install.scope.view_conditions`: the install's objects, not the
+  :func:`~webhook.render.scope.view_conditions`: the install's objects, not the
   apiserver's version, say which, so a webhook install on 1.36 keeps its full scope.
 
 Writes happen only on a difference, so a check in a quiet cluster reads and writes nothing
@@ -33,17 +33,18 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Final, NamedTuple
 
 import orjson
 
 from webhook.core.policy import Policy
-from webhook.install import celpolicy, mutatingpolicy
-from webhook.install.celpolicy import LABELS
 from webhook.install.fingerprint import spec_fingerprint, stamp
 from webhook.install.mode import APISERVER, install_mode, served_kinds
-from webhook.install.scope import MatchCondition, match_conditions, view_conditions
+from webhook.render.admission import LABELS
+from webhook.render.scope import MatchCondition, match_conditions, view_conditions
+from webhook.render.targets import MUTATING, VALIDATING, Target
 
 log = logging.getLogger(__name__)
 
@@ -201,17 +202,17 @@ class ScopeKeeper:
 
     # -- Validating- and MutatingAdmissionPolicies -----------------------------------
 
-    def _family(self, module: Any, kind: str, render: Callable[..., list[Obj]]) -> _Family:
+    def _family(self, target: Target) -> _Family:
         api = self._api
         calls = {
-            module.POLICY_KIND: f"{kind}_admission_policy",
-            module.BINDING_KIND: f"{kind}_admission_policy_binding",
+            target.policy_kind: f"{target.family}_admission_policy",
+            target.binding_kind: f"{target.family}_admission_policy_binding",
         }
         return _Family(
-            module.POLICY_KIND,
-            module.BINDING_KIND,
-            tuple(module.POLICY_NAMES),
-            render,
+            target.policy_kind,
+            target.binding_kind,
+            target.names,
+            target.render,
             {
                 k: _KindApi(
                     getattr(api, f"list_{suffix}"),
@@ -224,10 +225,10 @@ class ScopeKeeper:
         )
 
     def _validating(self) -> _Family:
-        return self._family(celpolicy, "validating", celpolicy.validating_policies)
+        return self._family(VALIDATING)
 
     def _mutating(self) -> _Family:
-        return self._family(mutatingpolicy, "mutating", mutatingpolicy.mutating_policies)
+        return self._family(MUTATING)
 
     def _reconcile_family(
         self, family: _Family, policy: Policy, mark: str | None = None
@@ -249,7 +250,7 @@ class ScopeKeeper:
             except ApiException as exc:
                 # The webhook install's RBAC reaches no MutatingAdmissionPolicy (it has
                 # none to keep): such an install does not carry them.
-                if exc.status != _FORBIDDEN or family.policy_kind == celpolicy.POLICY_KIND:
+                if exc.status != _FORBIDDEN or family.policy_kind == VALIDATING.policy_kind:
                     raise
                 if kind not in self._missing:
                     self._missing.add(kind)
@@ -258,7 +259,10 @@ class ScopeKeeper:
             present[kind] = {o["metadata"]["name"]: o for o in listed.get("items") or []}
         if not any(present.values()):
             return False, []
-        rendered = family.render(policy, namespace=self.namespace)
+        # Rendered on today: an exception past its last day leaves the apiserver at the
+        # first reconcile after it (the leader's duty runs at each certificate check).
+        today = time.strftime("%Y-%m-%d", time.gmtime())
+        rendered = family.render(policy, namespace=self.namespace, today=today)
         if mark is not None:
             stamp(rendered, mark)
         wanted = [_stamped(obj) for obj in rendered]

@@ -7,9 +7,9 @@ What is ours, found two ways so that neither a renamed label nor a missing one h
   each overlay, the cluster view's RBAC included, moved to the install's namespace), the
   Secrets its Certificates name, and what the self-managed leader creates at run time:
   the Secret ``gpushare-webhook-tls``, the Lease ``gpushare-webhook-tls-leader`` and the
-  CEL policies and bindings of every name in :data:`~webhook.install.celpolicy.POLICY_NAMES`
+  CEL policies and bindings of every name in :data:`~webhook.render.validating.POLICY_NAMES`
   and the MutatingAdmissionPolicies and bindings of every name in
-  :data:`~webhook.install.mutatingpolicy.POLICY_NAMES` (the 1.36+ install);
+  :data:`~webhook.render.mutating.POLICY_NAMES` (the 1.36+ install);
 - by label: ``app.kubernetes.io/part-of=gpushare`` on every kind the install or the chart
   creates (cluster-wide for cluster-scoped kinds, in the install's namespace for the rest:
   a labelled object elsewhere is not the install's to delete). This catches the chart's
@@ -47,7 +47,6 @@ import orjson
 
 from webhook.core.scan import API_VERSIONS as REPORT_APIS
 from webhook.core.scan import MANAGED_BY
-from webhook.install import celpolicy, mutatingpolicy
 from webhook.install.manifests import (
     APISERVER_OVERLAY,
     OVERLAYS,
@@ -56,6 +55,7 @@ from webhook.install.manifests import (
     overlay_dir,
     set_namespace,
 )
+from webhook.render.targets import TARGETS
 
 Obj = dict[str, Any]
 
@@ -113,19 +113,15 @@ WEBHOOK_KINDS: Final = (
     ),
 )
 WORKLOAD_KINDS: Final = (_kind("Deployment", "apps/v1", "deployments"),)
-CEL_KINDS: Final = (
-    _kind(
-        celpolicy.BINDING_KIND, _ADMISSION, "validatingadmissionpolicybindings", namespaced=False
-    ),
-    _kind(celpolicy.POLICY_KIND, _ADMISSION, "validatingadmissionpolicies", namespaced=False),
-    # Not served before 1.36 (404: nothing of them to delete).
-    _kind(
-        mutatingpolicy.BINDING_KIND,
-        _ADMISSION,
-        "mutatingadmissionpolicybindings",
-        namespaced=False,
-    ),
-    _kind(mutatingpolicy.POLICY_KIND, _ADMISSION, "mutatingadmissionpolicies", namespaced=False),
+CEL_KINDS: Final = tuple(
+    # Bindings before their policies; the MutatingAdmissionPolicies are not served before
+    # 1.36 (404: nothing of them to delete).
+    _kind(kind, _ADMISSION, resource, namespaced=False)
+    for target in TARGETS
+    for kind, resource in (
+        (target.binding_kind, target.binding_resource),
+        (target.policy_kind, target.policy_resource),
+    )
 )
 REST_KINDS: Final = (
     _kind("ServiceMonitor", "monitoring.coreos.com/v1", "servicemonitors"),
@@ -179,9 +175,9 @@ def installed_names(namespace: str) -> dict[str, set[str]]:
             names.setdefault("Secret", set()).add(obj["spec"]["secretName"])
     names.setdefault("Secret", set()).add(LEADER_SECRET)
     names.setdefault("Lease", set()).add(LEADER_LEASE)
-    for module in (celpolicy, mutatingpolicy):
-        for kind in module.KINDS:
-            names.setdefault(kind, set()).update(module.POLICY_NAMES)
+    for target in TARGETS:
+        for kind in target.kinds:
+            names.setdefault(kind, set()).update(target.names)
     # The Namespace is decided on apart: only when the install created it.
     names.pop("Namespace", None)
     return names

@@ -18,12 +18,9 @@ from webhook.core.workload import TEMPLATE_PATHS
 from webhook.install import manifests
 from webhook.install.fingerprint import spec_fingerprint
 from webhook.install.manifests import ManifestError, with_match_conditions
-from webhook.install.scope import (
-    annotation_prefixes,
-    literal,
-    match_conditions,
-)
 from webhook.policies import DEFAULT_POLICY, parse_policy
+from webhook.render.cel import literal
+from webhook.render.scope import annotation_prefixes, match_conditions
 
 BASE = ROOT / "deploy" / "webhooks" / "webhookconfigurations.yaml"
 # A qualified name, as the apiserver validates matchCondition names.

@@ -1,4 +1,4 @@
-"""The CEL rules as ValidatingAdmissionPolicies (webhook/install/celpolicy.py): rendering,
+"""The CEL rules as ValidatingAdmissionPolicies (webhook/render/validating.py): rendering,
 the generated deploy file, the manifests command. Their verdicts are proven against a real
 kube-apiserver in tests/e2e/test_celpolicy.py."""
 
@@ -18,11 +18,13 @@ from hypothesis import strategies as st
 from tests.paths import DEFAULT_POLICY_FILE, ROOT
 from webhook.cli import main
 from webhook.core.policy import RULE_IDS
-from webhook.install import celpolicy, manifests
-from webhook.install.celpolicy import RULES, glob_regex, validating_policies
+from webhook.install import manifests
 from webhook.install.fingerprint import ANNOTATION, spec_fingerprint, stamp
-from webhook.install.scope import match_conditions
 from webhook.policies import DEFAULT_POLICY, parse_policy
+from webhook.render import messages, requests, validating, variables
+from webhook.render.cel import glob_regex
+from webhook.render.scope import match_conditions
+from webhook.render.validating import RULES, validating_policies
 
 CUSTOM = parse_policy(
     """
@@ -116,17 +118,17 @@ def test_one_policy_and_binding_per_action_holding_its_rules() -> None:
     # gpu-quota is off until a policy sets limits.
     rendered = [r for r in RULES if r != "gpu-quota"]
     assert list(validations_by_rule(policies["gpushare-deny"])) == rendered
-    assert list(celpolicy.rule_expressions(DEFAULT_POLICY)) == rendered
-    expressions = celpolicy.rule_expressions(DEFAULT_POLICY)
+    assert list(validating.rule_expressions(DEFAULT_POLICY)) == rendered
+    expressions = validating.rule_expressions(DEFAULT_POLICY)
     for rule, validation in validations_by_rule(policies["gpushare-deny"]).items():
         assert validation["expression"] == expressions[rule]
-        assert validation["message"] == f"[{rule}] {celpolicy.MESSAGES[rule]}"
+        assert validation["message"] == f"[{rule}] {messages.MESSAGES[rule]}"
         assert validation["reason"] == "Forbidden"
-    # celpolicy's shared variables (the MutatingAdmissionPolicies read them too) first,
+    # The shared variables (the MutatingAdmissionPolicies read them too) first,
     # then what only the validations read.
     names = [v["name"] for v in spec["variables"]]
-    assert names[: len(celpolicy.variables(DEFAULT_POLICY))] == [
-        v["name"] for v in celpolicy.variables(DEFAULT_POLICY)
+    assert names[: len(variables.variables(DEFAULT_POLICY))] == [
+        v["name"] for v in variables.variables(DEFAULT_POLICY)
     ]
     # No rule is evaluated outside the webhooks' scope: their condition comes first.
     assert spec["matchConditions"][: len(match_conditions(DEFAULT_POLICY))] == list(
@@ -150,15 +152,15 @@ def pod_policies(objects: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [
         o
         for o in objects
-        if not o["metadata"]["name"].endswith(celpolicy.SOURCES_SUFFIX)
-        and o["metadata"]["name"] != celpolicy.OVERRIDES_POLICY
+        if not o["metadata"]["name"].endswith(validating.SOURCES_SUFFIX)
+        and o["metadata"]["name"] != validating.OVERRIDES_POLICY
     ]
 
 
 def test_sources_are_guarded_by_policies_of_their_own() -> None:
     objects = validating_policies(CUSTOM)
     sources = by_kind(
-        [o for o in objects if o["metadata"]["name"].endswith(celpolicy.SOURCES_SUFFIX)],
+        [o for o in objects if o["metadata"]["name"].endswith(validating.SOURCES_SUFFIX)],
         "ValidatingAdmissionPolicy",
     )
     # raw-visible-devices is off in CUSTOM: only gpu-claim (deny) is left.
@@ -177,7 +179,7 @@ def test_sources_are_guarded_by_policies_of_their_own() -> None:
     }
     names = {o["metadata"]["name"] for o in validating_policies(DEFAULT_POLICY)}
     assert names == {"gpushare-deny", "gpushare-deny-sources", "gpushare-overrides"}
-    assert names <= set(celpolicy.POLICY_NAMES)
+    assert names <= set(validating.POLICY_NAMES)
 
 
 def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
@@ -185,7 +187,7 @@ def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
     policies = by_kind(objects, "ValidatingAdmissionPolicy")
     bindings = by_kind(objects, "ValidatingAdmissionPolicyBinding")
     assert list(policies) == list(bindings) == ["gpushare-deny", "gpushare-warn", "gpushare-audit"]
-    assert set(policies) <= set(celpolicy.POLICY_NAMES)
+    assert set(policies) <= set(validating.POLICY_NAMES)
     actions = {name: b["spec"]["validationActions"] for name, b in bindings.items()}
     assert actions == {
         "gpushare-deny": ["Deny"],
@@ -238,12 +240,12 @@ def test_glob_regex_matches_what_fnmatch_matches(pattern: str, value: str) -> No
 
 def test_render_with_a_policy_and_namespace_moves_the_cel_policies() -> None:
     objects = manifests.render(policy=CUSTOM, namespace="gpu-admission")
-    rendered = [o for o in objects if o["kind"] in celpolicy.KINDS]
+    rendered = [o for o in objects if o["kind"] in validating.KINDS]
     wanted = validating_policies(CUSTOM, namespace="gpu-admission")
     # Marked as rendered from the policy the ConfigMap holds.
     stamp(wanted, spec_fingerprint(manifests.policy_yaml(CUSTOM)))
     assert sorted(rendered, key=identity) == sorted(wanted, key=identity)
-    default = [o for o in manifests.render() if o["kind"] in celpolicy.KINDS]
+    default = [o for o in manifests.render() if o["kind"] in validating.KINDS]
     wanted = validating_policies(DEFAULT_POLICY)
     stamp(wanted, spec_fingerprint(DEFAULT_POLICY_FILE.read_text("utf-8")))
     assert sorted(default, key=identity) == sorted(wanted, key=identity)
@@ -266,9 +268,9 @@ def test_manifests_only_cel_prints_just_the_policies() -> None:
 def test_the_scheduler_rule_asks_the_mode_only_after_the_resources() -> None:
     """As Policy.scheduler_for: the resource branches first, then each mode's scheduler on
     the mode the policy's variables choose, then the default."""
-    expression = celpolicy.rule_expressions(MODE_SCHEDULERS)["scheduler-bypass"]
+    expression = validating.rule_expressions(MODE_SCHEDULERS)["scheduler-bypass"]
     assert "variables.spec.schedulerName == (variables.scheduler)" in expression
-    shared = {v["name"]: v["expression"] for v in celpolicy.variables(MODE_SCHEDULERS)}
+    shared = {v["name"]: v["expression"] for v in variables.variables(MODE_SCHEDULERS)}
     wanted = shared["scheduler"]
     resource = wanted.index('? "hami-scheduler"')
     mps = wanted.index('variables.chosenMode == "mps" ? "default-scheduler"')
@@ -286,12 +288,12 @@ def test_the_scheduler_rule_asks_the_mode_only_after_the_resources() -> None:
 
 
 def test_without_mode_entries_the_scheduler_rule_ignores_the_mode() -> None:
-    wanted = {v["name"]: v["expression"] for v in celpolicy.variables(DEFAULT_POLICY)}["scheduler"]
+    wanted = {v["name"]: v["expression"] for v in variables.variables(DEFAULT_POLICY)}["scheduler"]
     assert "variables.mode" not in wanted
     plain = parse_policy(
         "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  schedulerName: one\n"
     )
-    assert "variables.mode ==" not in celpolicy.rule_expressions(plain)["scheduler-bypass"]
+    assert "variables.mode ==" not in validating.rule_expressions(plain)["scheduler-bypass"]
 
 
 # host-device-access under a policy whose paths are not the default's: an allow list with
@@ -319,7 +321,7 @@ spec:
 
 
 def test_host_device_access_renders_the_policys_paths() -> None:
-    expression = celpolicy.rule_expressions(HOST_PATHS)["host-device-access"]
+    expression = validating.rule_expressions(HOST_PATHS)["host-device-access"]
     # Protected roots normalised, with the directories above them.
     for text in ('"/srv/gpu/secrets"', 'startsWith("/srv/gpu/secrets/")', '"/srv/gpu"'):
         assert text in expression
@@ -339,7 +341,7 @@ def test_host_device_access_renders_the_policys_paths() -> None:
 
 
 def test_host_device_access_in_denylist_mode_has_no_allow_list() -> None:
-    expression = celpolicy.rule_expressions(DEFAULT_POLICY)["host-device-access"]
+    expression = validating.rule_expressions(DEFAULT_POLICY)["host-device-access"]
     # In denylist mode only the host namespaces ask whether the pod asks for a GPU.
     assert "variables.gpu && !(" not in expression.split("variables.podUpdate")[0]
     # preload: env injects no file; HAMi's device plugin still mounts one in containers.
@@ -358,19 +360,19 @@ STRICT = parse_policy((ROOT / "policies" / "examples" / "strict.yaml").read_text
 def test_the_request_rules_are_rendered_where_the_core_reads_only_the_pod() -> None:
     """invalid-gpu-request, mode-conflict and unmutated-gpu-pod under every policy,
     gpu-quota only under a policy that sets maxima and does not turn it off."""
-    default = celpolicy.rule_expressions(DEFAULT_POLICY)
+    default = validating.rule_expressions(DEFAULT_POLICY)
     for rule in ("invalid-gpu-request", "mode-conflict", "unmutated-gpu-pod"):
         assert rule in default, rule
         assert default[rule].startswith("!(variables.created && "), rule
     assert "gpu-quota" not in default
-    strict = celpolicy.rule_expressions(STRICT)
+    strict = validating.rule_expressions(STRICT)
     assert list(strict) == list(RULES)
     quota = strict["gpu-quota"]
     for limit in (2, 40960, 100, 4, 81920):
         assert f"> {limit}" in quota, limit
     # Sidecars run beside the main containers, plain init containers before them.
-    requests = {v["name"]: v["expression"] for v in celpolicy.request_variables(STRICT)}
-    assert "restartPolicy" in requests["initAsks"]
+    asks = {v["name"]: v["expression"] for v in requests.request_variables(STRICT)}
+    assert "restartPolicy" in asks["initAsks"]
     off = parse_policy(
         "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n"
         "  rules: {gpu-quota: 'off'}\n  limits: {perPod: {gpus: 1}}\n"
@@ -380,7 +382,7 @@ def test_the_request_rules_are_rendered_where_the_core_reads_only_the_pod() -> N
 
 
 def test_invalid_gpu_request_holds_each_resource_to_its_unit() -> None:
-    expression = celpolicy.rule_expressions(DEFAULT_POLICY)["invalid-gpu-request"]
+    expression = validating.rule_expressions(DEFAULT_POLICY)["invalid-gpu-request"]
     # MiB up to 512 GiB, GiB as well (above 1024 read as MiB), percentages and counts;
     # binary suffixes out.
     for bound in ("<= 524288", "<= 100", "<= 64", "endsWith('i')"):
@@ -388,17 +390,17 @@ def test_invalid_gpu_request_holds_each_resource_to_its_unit() -> None:
     assert "<= 1024" not in expression
     assert "isQuantity(" in expression and "compareTo(" in expression
     # What the requests amount to: GiB times 1024 up to 1024, MiB from 1025.
-    asks = {v["name"]: v["expression"] for v in celpolicy.request_variables(DEFAULT_POLICY)}
+    asks = {v["name"]: v["expression"] for v in requests.request_variables(DEFAULT_POLICY)}
     for bound in ("<= 1024 ? quantity(v).asInteger() * 1024", ">= 1025"):
         assert bound in asks["mainAsks"], bound
 
 
 def test_mode_conflict_renders_the_policys_namespaces_per_mode() -> None:
-    strict = celpolicy.rule_expressions(STRICT)["mode-conflict"]
+    strict = validating.rule_expressions(STRICT)["mode-conflict"]
     assert '"gpu-mps"' in strict
     assert glob_regex("gpu-mps-*") in strict.replace("\\\\", "\\")
     # Every namespace may use every mode under the default policy: nothing to test.
-    default = celpolicy.rule_expressions(DEFAULT_POLICY)["mode-conflict"]
+    default = validating.rule_expressions(DEFAULT_POLICY)["mode-conflict"]
     assert "request.namespace" not in default
     # The percentage an mps pod cannot be capped by without the cluster view.
     assert "variables.mode == 'mps' && (variables.mainAsks + variables.initAsks)" in default
@@ -406,8 +408,8 @@ def test_mode_conflict_renders_the_policys_namespaces_per_mode() -> None:
 
 
 def test_unmutated_gpu_pod_asks_for_what_the_policys_mutation_injects() -> None:
-    default = celpolicy.rule_expressions(DEFAULT_POLICY)["unmutated-gpu-pod"]
-    strict = celpolicy.rule_expressions(STRICT)["unmutated-gpu-pod"]
+    default = validating.rule_expressions(DEFAULT_POLICY)["unmutated-gpu-pod"]
+    strict = validating.rule_expressions(STRICT)["unmutated-gpu-pod"]
     for name in ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY"):
         assert name in default and name in strict, name
     # preload: env prepends the library; preload: file mounts ld.so.preload, and puts the
@@ -437,7 +439,7 @@ def test_warn_and_audit_rules_record_each_failure_in_the_apiservers_audit_log() 
     bindings = by_kind(objects, "ValidatingAdmissionPolicyBinding")
     assert bindings["gpushare-warn"]["spec"]["validationActions"] == ["Warn", "Audit"]
     assert bindings["gpushare-audit"]["spec"]["validationActions"] == ["Audit"]
-    expressions = celpolicy.rule_expressions(policy)
+    expressions = validating.rule_expressions(policy)
     for name, rules in (
         ("gpushare-audit", ["privileged-gpu", "node-name-pinning", "raw-visible-devices"]),
         ("gpushare-warn", ["host-device-access"]),
@@ -447,7 +449,7 @@ def test_warn_and_audit_rules_record_each_failure_in_the_apiservers_audit_log() 
         held = {v["name"]: v["expression"] for v in policies[name]["spec"]["variables"]}
         for annotation in annotations:
             rule = annotation["key"]
-            variable = celpolicy.holds_variable(rule)
+            variable = validating.holds_variable(rule)
             # The rule's expression in a variable: a valueExpression holds 5120 bytes.
             assert held[variable] == expressions[rule]
             assert annotation["valueExpression"].startswith(f"!variables.{variable} ? ")
@@ -472,13 +474,13 @@ def test_what_the_mutation_replaced_is_warned_as_limit_tampering_acts(
     document = yaml.safe_load(text)
     document["spec"].setdefault("rules", {})["limit-tampering"] = action
     objects = validating_policies(parse_policy(yaml.safe_dump(document)))
-    named = [o for o in objects if o["metadata"]["name"] == celpolicy.OVERRIDES_POLICY]
+    named = [o for o in objects if o["metadata"]["name"] == validating.OVERRIDES_POLICY]
     if actions is None:
         assert not named
         return
-    binding = by_kind(named, "ValidatingAdmissionPolicyBinding")[celpolicy.OVERRIDES_POLICY]
+    binding = by_kind(named, "ValidatingAdmissionPolicyBinding")[validating.OVERRIDES_POLICY]
     assert binding["spec"]["validationActions"] == actions
-    spec = by_kind(named, "ValidatingAdmissionPolicy")[celpolicy.OVERRIDES_POLICY]["spec"]
+    spec = by_kind(named, "ValidatingAdmissionPolicy")[validating.OVERRIDES_POLICY]["spec"]
     # A CEL error never blocks a pod for a warning.
     assert spec["failurePolicy"] == "Ignore"
-    assert len(spec["validations"]) == celpolicy.MAX_OVERRIDE_WARNINGS
+    assert len(spec["validations"]) == validating.MAX_OVERRIDE_WARNINGS

@@ -4,7 +4,7 @@ Kubernetes 1.36 serves MutatingAdmissionPolicy as admissionregistration.k8s.io/v
 (on by default). There the apiserver itself gives a GPU-sharing pod its slice, so
 a pod is capped while no replica of the service answers. Rendered from a compiled
 :class:`~webhook.core.policy.Policy`, beside the ValidatingAdmissionPolicies of
-:mod:`webhook.install.celpolicy` (whose variables and mode choice it shares); held
+:mod:`webhook.render.validating` (whose variables, :mod:`webhook.render.variables`, and mode choice it shares); held
 equal to :mod:`webhook.core.mutation` by tests/e2e/test_mutatingpolicy.py.
 
 Two policies, each for pods and the workload kinds' pod templates:
@@ -53,74 +53,68 @@ Pure: a policy in, a list of objects out.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Final
 
-from webhook.core.injection import (
-    LIBRARY_PATH,
-    MODE_ANNOTATION,
-    Injection,
-    injection_for,
-)
+from webhook.core.env import VISIBLE_DEVICES
+from webhook.core.finding import HIDDEN
+from webhook.core.injection import LIBRARY_PATH, MODE_ANNOTATION, Injection, injection_for
 from webhook.core.mutation import UNREPORTED, VOID
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
 from webhook.core.resources import KIND_LABELS, MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
 from webhook.core.whole import REQUIRED
-from webhook.core.workload import KINDS_BY_PATH
-from webhook.install import celpolicy
-from webhook.install.scope import literal
+from webhook.render.admission import (
+    API_VERSION,
+    LABELS,
+    OVERRIDES_ANNOTATION,
+    OVERRIDES_LABEL_VALUE,
+    exemption_conditions,
+    match_constraints,
+)
+from webhook.render.cel import literal, strings, unbind
+from webhook.render.env import loosening
+from webhook.render.modes import placed_mps
+from webhook.render.pod import (
+    MUTATED_CONTAINERS,
+    MUTATED_KINDS,
+    Obj,
+    Shape,
+    asks_for_gpu,
+    container_list,
+    gpu_test,
+    pod_shapes,
+    same_mount,
+    same_volume,
+    shares,
+    slice_test,
+    template,
+)
+from webhook.render.scheduling import wanted_scheduler
+from webhook.render.variables import variables
 
-Obj = dict[str, Any]
-
-API_VERSION: Final = "admissionregistration.k8s.io/v1"
 POLICY_KIND: Final = "MutatingAdmissionPolicy"
+
+
 BINDING_KIND: Final = "MutatingAdmissionPolicyBinding"
+
+
 KINDS: Final = (POLICY_KIND, BINDING_KIND)
+
+
 # What the apiserver serves the kind as, for discovery (Helm's .Capabilities too).
 SERVED_AS: Final = f"{API_VERSION}/{POLICY_KIND}"
+
+
 MUTATE: Final = "gpushare-mutate"
+
+
 VOID_POLICY: Final = "gpushare-void"
+
+
 # Every name this module may render (policies and bindings share them), for RBAC and
 # uninstall.
 POLICY_NAMES: Final = (MUTATE, VOID_POLICY)
 
-_VISIBLE: Final = "NVIDIA_VISIBLE_DEVICES"
-_HIDDEN: Final = "\u2026"  # a user's value, as finding.redacted writes it
-_PRIORITY: Final = "^[ \\t\\n\\r\\f\\v]*-?[0-9]{1,9}[ \\t\\n\\r\\f\\v]*$"
-
-
-def _list(items: Iterable[str]) -> str:
-    return "[" + ", ".join(literal(item) for item in items) + "]"
-
-
-# ------------------------------------------------------------------------ shapes
-
-
-class _Shape:
-    """Where objects of some kinds keep a pod spec and metadata: the CEL path to read
-    them and the ApplyConfiguration type names to write them."""
-
-    def __init__(self, kinds: Sequence[str], path: Sequence[str]) -> None:
-        self.kinds = tuple(kinds)
-        self.path = tuple(path)
-        self.read = ".".join(("object", *path))
-        self.type = ".".join(("Object", *path))
-
-    def wrap(self, fields: str) -> str:
-        """``Object{...}`` holding ``fields`` (metadata and spec) at this shape's path."""
-        body = fields
-        for depth in range(len(self.path), 0, -1):
-            parent = ".".join(("Object", *self.path[: depth - 1]))
-            step = self.path[depth - 1]
-            body = f"{step}: {parent}.{step}{{{body}}}"
-        return f"Object{{{body}}}"
-
-
-def _shapes() -> list[_Shape]:
-    return [_Shape(["Pod"], ()), *(_Shape(kinds, path) for path, kinds in KINDS_BY_PATH.items())]
-
-
-# ------------------------------------------------------------- one container's CEL
 
 # In the expressions below a container is ``c``, its limits ``L`` and requests ``R``.
 _BIND_PARTS: Final = (
@@ -131,7 +125,7 @@ _BIND_PARTS: Final = (
 
 def _values(resources: Iterable[str]) -> str:
     """The values ``c`` asks of ``resources`` (its limit, else its request), in name order."""
-    return f"{_list(sorted(resources))}.filter(r, r in L || r in R).map(r, r in L ? L[r] : R[r])"
+    return f"{strings(sorted(resources))}.filter(r, r in L || r in R).map(r, r in L ? L[r] : R[r])"
 
 
 def _amount(
@@ -219,7 +213,7 @@ def _vgpu_wants(policy: Policy) -> str:
             f"cel.bind(o, {_current('ACTIVE_OOM_KILLER')}, o in ['true', '1'] ? o : 'true')",
         ),
     )
-    loose = f"has(c.env) && c.env.exists(e, {celpolicy.loosening(policy, 'e')})"
+    loose = f"has(c.env) && c.env.exists(e, {loosening(policy, 'e')})"
     parts.append(f"({loose} ? [] : [{', '.join(switches)}])")
     # No CUDA_DEVICE_MEMORY_SHARED_CACHE: the device plugin's own value stands.
     parts.append(f"[{_entry('CUDA_TASK_PRIORITY', _priority(policy))}]")
@@ -241,7 +235,7 @@ def _pin_wants(policy: Policy) -> str:
         return "[]"
     pins = ", ".join(_entry(name, literal(value)) for name, value in policy.device_pins)
     return (
-        f"(({celpolicy.slice_test(policy, 'c')}) ? [{pins}].filter(w, "
+        f"(({slice_test(policy, 'c')}) ? [{pins}].filter(w, "
         "!(has(c.env) && c.env.exists(e, e.name == w['name']))) : [])"
     )
 
@@ -270,47 +264,34 @@ def _implied(policy: Policy) -> str:
         return "''"
     table = "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in implied.items()) + "}"
     return (
-        f"{_BIND_PARTS}cel.bind(ic, {_list(implied)}.filter(r, r in L || r in R), "
-        f"size(ic) > 0 && !{_list(sorted(policy.count_resources))}.exists(r, r in L || r in R)"
+        f"{_BIND_PARTS}cel.bind(ic, {strings(implied)}.filter(r, r in L || r in R), "
+        f"size(ic) > 0 && !{strings(sorted(policy.count_resources))}.exists(r, r in L || r in R)"
         f" ? {table}[ic[0]] : '')))"
     )
-
-
-def _sharing_test(policy: Policy) -> str:
-    sharing = sorted(r for r in policy.gpu_resources if not r.startswith(policy.mig_prefixes))
-    return f"r in {_list(sharing)}" if sharing else "false"
-
-
-# ------------------------------------------------------------------- variables
-
-# The pod's containers and init containers (the mutation leaves ephemeral ones alone).
-_POD_CONTAINERS: Final = (
-    "(has(variables.spec.containers) ? variables.spec.containers : []) + "
-    "(has(variables.spec.initContainers) ? variables.spec.initContainers : [])"
-)
 
 
 def _pointer() -> str:
     """The JSON Pointer of the object's pod spec, by kind."""
     expression = "'/spec'"
-    for shape in _shapes():
+    for shape in pod_shapes():
         if shape.path:
             pointer = "/" + "/".join((*shape.path, "spec"))
             expression = (
-                f"request.kind.kind in {_list(shape.kinds)} ? {literal(pointer)} : ({expression})"
+                f"request.kind.kind in {strings(shape.kinds)} ? {literal(pointer)} : ({expression})"
             )
     return expression
 
 
 def mutation_variables(policy: Policy) -> list[Obj]:
-    """celpolicy's variables, and per container name what the mutation sets in it."""
+    """The shared variables (:mod:`webhook.render.variables`), and per container name what
+    the mutation sets in it."""
     void = (
-        f"({_POD_CONTAINERS}).filter(c, !({celpolicy.asks_for_gpu(policy, 'c')}) && "
-        f"!(has(c.env) && c.env.exists(e, e.name == {literal(_VISIBLE)}))).map(c, c.name)"
+        f"({MUTATED_CONTAINERS}).filter(c, !({asks_for_gpu(policy, 'c')}) && "
+        f"!(has(c.env) && c.env.exists(e, e.name == {literal(VISIBLE_DEVICES)}))).map(c, c.name)"
     )
-    sharing = f"({_POD_CONTAINERS}).filter(c, {celpolicy.shares(policy, 'c')})"
+    sharing = f"({MUTATED_CONTAINERS}).filter(c, {shares(policy, 'c')})"
     return [
-        *celpolicy.variables(policy),
+        *variables(policy),
         {"name": "pointer", "expression": _pointer()},
         {
             "name": "wants",
@@ -332,11 +313,6 @@ def mutation_variables(policy: Policy) -> list[Obj]:
         },
         {"name": "voided", "expression": void},
     ]
-
-
-# ------------------------------------------------------------------ the mutations
-
-_KINDS: Final = ("containers", "initContainers")
 
 
 def _object_literal(type_name: str, item: Mapping[str, Any]) -> str:
@@ -374,7 +350,7 @@ def _injected(
     return _by_mode(by_mode, "[]")
 
 
-def _containers_apply(kind: str, shape: _Shape, policy: Policy) -> str:
+def _containers_apply(kind: str, shape: Shape, policy: Policy) -> str:
     """The containers of ``kind``: the sharing ones with their env, mounts and implied
     count resource, those that ask for no GPU with the void."""
     container = f"{shape.type}.spec.{kind}"
@@ -394,18 +370,18 @@ def _containers_apply(kind: str, shape: _Shape, policy: Policy) -> str:
     return f"{kind}: {sharing} + {_voided(kind, shape)}"
 
 
-def _voided(kind: str, shape: _Shape) -> str:
+def _voided(kind: str, shape: Shape) -> str:
     """The containers of ``kind`` that ask for no GPU and set no NVIDIA_VISIBLE_DEVICES,
     each with the void."""
     container = f"{shape.type}.spec.{kind}"
     listed = f"(has(variables.spec.{kind}) ? variables.spec.{kind} : [])"
     return (
         f"{listed}.filter(c, c.name in variables.voided).map(c, {container}{{name: c.name, "
-        f"env: [{container}.env{{name: {literal(_VISIBLE)}, value: {literal(VOID)}}}]}})"
+        f"env: [{container}.env{{name: {literal(VISIBLE_DEVICES)}, value: {literal(VOID)}}}]}})"
     )
 
 
-def _apply(shape: _Shape, policy: Policy) -> str:
+def _apply(shape: Shape, policy: Policy) -> str:
     """The ApplyConfiguration of a GPU pod (or template) of ``shape``."""
     spec = "variables.spec"
     sharing = "variables.mode in ['vgpu', 'mps']"
@@ -413,15 +389,15 @@ def _apply(shape: _Shape, policy: Policy) -> str:
     scheduler = (
         f"?schedulerName: {scheduled} && (!has({spec}.schedulerName) || "
         f"{spec}.schedulerName in ['', {literal(DEFAULT_SCHEDULER)}]) && "
-        f"cel.bind(s, {celpolicy.wanted_scheduler(policy)}, "
+        f"cel.bind(s, {wanted_scheduler(policy)}, "
         f"s != {literal(DEFAULT_SCHEDULER)}) ? optional.of("
-        f"{celpolicy.wanted_scheduler(policy)}) : optional.none()"
+        f"{wanted_scheduler(policy)}) : optional.none()"
     )
     fields = [scheduler, "?hostIPC: variables.mode == 'mps' ? optional.of(true) : optional.none()"]
 
     volumes = _injected(policy, f"{shape.type}.spec.volumes", lambda i: i.volumes)
     fields.append(f"volumes: {volumes}")
-    fields.extend(_containers_apply(kind, shape, policy) for kind in _KINDS)
+    fields.extend(_containers_apply(kind, shape, policy) for kind in MUTATED_KINDS)
     meta = (
         f"?metadata: {sharing} ? optional.of({shape.type}.metadata{{annotations: "
         f"{{{literal(MODE_ANNOTATION)}: variables.mode}}}}) : optional.none()"
@@ -480,29 +456,6 @@ def _pool_ops(policy: Policy) -> str:
     return f"(variables.whole ? cel.bind(w, {wanted}, {body}) : [])"
 
 
-def _same_mount(m: str, mount: Mapping[str, Any]) -> str:
-    """``mutation._same_mount``: the injected mount, read-only as it, without a subPath."""
-    read_only = "true" if mount.get("readOnly") else "false"
-    return (
-        f"{m}.name == {literal(mount['name'])} && "
-        f"(has({m}.readOnly) ? {m}.readOnly : false) == {read_only} && "
-        f"(!has({m}.subPath) || {m}.subPath == '') && "
-        f"(!has({m}.subPathExpr) || {m}.subPathExpr == '')"
-    )
-
-
-def _same_volume(v: str, volume: Mapping[str, Any]) -> str:
-    """``injection.same_volume``: exactly the injected volume (the apiserver allows one
-    source per volume, so the injected source's fields say it all)."""
-    if "hostPath" in volume:
-        host = volume["hostPath"]
-        return (
-            f"has({v}.hostPath) && {v}.hostPath.path == {literal(host['path'])} && "
-            f"has({v}.hostPath.type) && {v}.hostPath.type == {literal(host['type'])}"
-        )
-    return f"has({v}.emptyDir) && !has({v}.emptyDir.medium) && !has({v}.emptyDir.sizeLimit)"
-
-
 def _remove(pointer: str) -> str:
     return f".reverse().map(j, JSONPatch{{op: 'remove', path: {pointer} + string(j)}})"
 
@@ -518,7 +471,7 @@ def _removals(policy: Policy, mode: Mode) -> str:
     injection = injection_for(mode, policy)
     paths = [m["mountPath"] for m in injection.mounts]
     mount_kept = " || ".join(
-        f"(m.mountPath == {literal(m['mountPath'])} && {_same_mount('m', m)})"
+        f"(m.mountPath == {literal(m['mountPath'])} && {same_mount('m', m)})"
         for m in injection.mounts
     )
     stray = (
@@ -528,7 +481,7 @@ def _removals(policy: Policy, mode: Mode) -> str:
         else "false"
     )
     parts = []
-    for kind in _KINDS:
+    for kind in MUTATED_KINDS:
         at = f"variables.pointer + {literal('/' + kind + '/')} + string(i)"
         env_at, mounts_at = " + '/env/'", " + '/volumeMounts/'"
         env = (
@@ -540,7 +493,7 @@ def _removals(policy: Policy, mode: Mode) -> str:
         mounts = (
             "cel.bind(ms, has(c.volumeMounts) ? c.volumeMounts : [], "
             "lists.range(size(ms)).filter(j, cel.bind(m, ms[j], "
-            f"m.mountPath in {_list(paths)} && !({mount_kept})))"
+            f"m.mountPath in {strings(paths)} && !({mount_kept})))"
             f"{_remove(at + mounts_at)})"
         )
         parts.append(
@@ -549,14 +502,12 @@ def _removals(policy: Policy, mode: Mode) -> str:
             ".map(i, cel.bind(c, cs[i], cel.bind(w, variables.wants[c.name].map(e, e['name']), "
             f"{env} + {mounts}))).flatten())"
         )
-    volume_kept = " || ".join(
-        f"(v.name == {literal(v['name'])} && {_same_volume('v', v)})" for v in injection.volumes
-    )
+    volume_kept = " || ".join(f"({same_volume('v', v)})" for v in injection.volumes)
     names = [v["name"] for v in injection.volumes]
     parts.append(
         f"cel.bind(vs, has({spec}.volumes) ? {spec}.volumes : [], "
         "lists.range(size(vs)).filter(j, cel.bind(v, vs[j], "
-        f"v.name in {_list(names)} && !({volume_kept})))"
+        f"v.name in {strings(names)} && !({volume_kept})))"
         f"{_remove('variables.pointer + ' + literal('/volumes/'))})"
     )
     return f"(({_suspect(policy, mode)}) ? ({' + '.join(parts)}) : [])"
@@ -572,12 +523,12 @@ def _suspect(policy: Policy, mode: Mode) -> str:
     injection = injection_for(mode, policy)
     paths = [m["mountPath"] for m in injection.mounts]
     names = [v["name"] for v in injection.volumes]
-    containers = f"({_POD_CONTAINERS})"
+    containers = f"({MUTATED_CONTAINERS})"
     return (
         f"{containers}.exists(c, (has(c.env) && c.env.exists(e, e.name.startsWith('CUDA_') || "
-        f"e.name in {_list(_SET_OUTSIDE_CUDA)})) || (has(c.volumeMounts) && "
-        f"c.volumeMounts.exists(m, m.mountPath in {_list(paths)}))) || "
-        f"(has({spec}.volumes) && {spec}.volumes.exists(v, v.name in {_list(names)}))"
+        f"e.name in {strings(_SET_OUTSIDE_CUDA)})) || (has(c.volumeMounts) && "
+        f"c.volumeMounts.exists(m, m.mountPath in {strings(paths)}))) || "
+        f"(has({spec}.volumes) && {spec}.volumes.exists(v, v.name in {strings(names)}))"
     )
 
 
@@ -590,27 +541,25 @@ def _overridden(policy: Policy, mode: Mode) -> str:
     runs first."""
     spec = "variables.spec"
     injection = injection_for(mode, policy)
-    volume_kept = " || ".join(
-        f"(v.name == {literal(v['name'])} && {_same_volume('v', v)})" for v in injection.volumes
-    )
-    names = _list(v["name"] for v in injection.volumes)
+    volume_kept = " || ".join(f"({same_volume('v', v)})" for v in injection.volumes)
+    names = strings(v["name"] for v in injection.volumes)
     volumes = (
         f"(has({spec}.volumes) ? {spec}.volumes : []).filter(v, v.name in {names} && "
         f"!({volume_kept or 'false'})).map(v, 'pod: volume ' + v.name + "
         "' replaced by the injected one')"
     )
     mount_kept = " || ".join(
-        f"(m.mountPath == {literal(m['mountPath'])} && {_same_mount('m', m)})"
+        f"(m.mountPath == {literal(m['mountPath'])} && {same_mount('m', m)})"
         for m in injection.mounts
     )
-    paths = _list(m["mountPath"] for m in injection.mounts)
-    unreported = _list(sorted(UNREPORTED))
+    paths = strings(m["mountPath"] for m in injection.mounts)
+    unreported = strings(sorted(UNREPORTED))
     replaced = (
         f"variables.wants[c.name].filter(w, !(w['name'] in {unreported})).map(w, "
         "cel.bind(es, env.filter(e, e.name == w['name']), size(es) == 0 ? '' : "
         "cel.bind(e, es[size(es) - 1], cel.bind(by, ' replaced by \\\"' + w['value'] + '\\\"', "
         "has(e.valueFrom) ? label + w['name'] + ' valueFrom' + by : "
-        f"(has(e.value) ? e.value : '') != w['value'] ? label + w['name'] + ' \\\"{_HIDDEN}\\\"' + by "
+        f"(has(e.value) ? e.value : '') != w['value'] ? label + w['name'] + ' \\\"{HIDDEN}\\\"' + by "
         ": '')))).filter(t, t != '')"
     )
     stray = (
@@ -631,7 +580,7 @@ def _overridden(policy: Policy, mode: Mode) -> str:
         f".map(c, cel.bind(label, {literal(KIND_LABELS[kind] + ' ')} + '\"' + c.name + "
         "'\": ', cel.bind(env, has(c.env) ? c.env : [], "
         f"{replaced} + {stray} + {mounts}))).flatten()"
-        for kind in _KINDS
+        for kind in MUTATED_KINDS
     ]
     return " + ".join([volumes, *per_kind])
 
@@ -648,7 +597,7 @@ def _set(field: str, key: str, value: str) -> str:
 
 def _record(policy: Policy) -> str:
     """A JSONPatch that writes what the mutation replaces into the object's own
-    annotation ``celpolicy.OVERRIDES_ANNOTATION`` (one line each), for the warning
+    annotation ``OVERRIDES_ANNOTATION`` (one line each), for the warning
     ValidatingAdmissionPolicy to read, and the label of the same key, which that
     policy's objectSelector asks for: an object without it costs no CEL there. A
     MutatingAdmissionPolicy has no warnings of its own, and a validation sees only the
@@ -662,11 +611,11 @@ def _record(policy: Policy) -> str:
         },
         "[]",
     )
-    key = literal(celpolicy.OVERRIDES_ANNOTATION)
+    key = literal(OVERRIDES_ANNOTATION)
     # Once each, as the core reports a finding (a name repeated is removed twice).
     once = "lists.range(size(all)).filter(i, !lists.range(i).exists(j, all[j] == all[i]))"
     annotation = _set("annotations", key, "found.join('\\n')")
-    label = _set("labels", key, literal(celpolicy.OVERRIDES_LABEL_VALUE))
+    label = _set("labels", key, literal(OVERRIDES_LABEL_VALUE))
     return (
         f"cel.bind(all, {found}, cel.bind(found, {once}.map(i, all[i]), "
         f"size(found) == 0 ? [] : [{annotation}, {label}]))"
@@ -685,10 +634,10 @@ def _node_selector(policy: Policy) -> str:
         + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in policy.mps_node_selector.items())
         + "}"
     )
-    keys = _list(policy.mps_node_selector)
+    keys = strings(policy.mps_node_selector)
     # A pod its scheduler places by the card's mode gets none (ModeChoice.placed).
     return (
-        f"({celpolicy.placed_mps(policy)} ? [] : "
+        f"({placed_mps(policy)} ? [] : "
         f"(has({spec}.nodeSelector) ? {keys}.filter(k, !(k in {spec}.nodeSelector)).map(k, "
         "JSONPatch{op: 'add', path: variables.pointer + '/nodeSelector/' + "
         f"jsonpatch.escapeKey(k), value: {table}[k]}}) : [JSONPatch{{op: 'add', "
@@ -696,35 +645,32 @@ def _node_selector(policy: Policy) -> str:
     )
 
 
-def _by_kind(expressions: Mapping[_Shape, str], otherwise: str) -> str:
+def _by_kind(expressions: Mapping[Shape, str], otherwise: str) -> str:
     expression = otherwise
     for shape, value in reversed(list(expressions.items())):
-        expression = f"request.kind.kind in {_list(shape.kinds)} ? ({value}) : ({expression})"
+        expression = f"request.kind.kind in {strings(shape.kinds)} ? ({value}) : ({expression})"
     return expression
 
 
-def _void_apply(shape: _Shape) -> str:
-    fields = [f"{kind}: {_voided(kind, shape)}" for kind in _KINDS]
+def _void_apply(shape: Shape) -> str:
+    fields = [f"{kind}: {_voided(kind, shape)}" for kind in MUTATED_KINDS]
     return shape.wrap(f"spec: {shape.type}.spec{{{', '.join(fields)}}}")
-
-
-# ------------------------------------------------------------------- the policies
 
 
 def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> list[Obj]:
     """The MutatingAdmissionPolicies and their bindings that apply ``policy``'s mutation."""
-    shapes = _shapes()
-    constraints = celpolicy.match_constraints(namespace)
+    shapes = pod_shapes()
+    constraints = match_constraints(namespace)
     # The core mutates pods when they are created, workloads also when updated.
     for rule in constraints["resourceRules"]:
         if "pods" in rule["resources"]:
             rule["resources"] = ["pods"]
             rule["operations"] = ["CREATE"]
     shared = mutation_variables(policy)
-    exemptions = celpolicy.match_conditions(policy)
-    spec_of = celpolicy.template("object", "spec")
-    containers = celpolicy.container_list(f"({spec_of})")
-    gpu = celpolicy.gpu_test(policy, f"({containers})", inline=True)
+    exemptions = exemption_conditions(policy)
+    spec_of = template("object", "spec")
+    containers = container_list(f"({spec_of})")
+    gpu = gpu_test(policy, f"({containers})", inline=True)
     # The env scan first: most GPU pods name no NVIDIA env, and then the GPU test (the
     # longer one) is never evaluated.
     nvidia = (
@@ -734,7 +680,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
     if policy.gpu_runtime_classes:
         # mutation.needs_void: under a GPU runtime class every container without a GPU.
         runtime = f"has(({spec_of}).runtimeClassName) && " + (
-            f"({spec_of}).runtimeClassName in {_list(sorted(policy.gpu_runtime_classes))}"
+            f"({spec_of}).runtimeClassName in {strings(sorted(policy.gpu_runtime_classes))}"
         )
         nvidia = f"({runtime}) || {nvidia}"
     nvidia = f"({nvidia}) && !({gpu})"
@@ -790,7 +736,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
     }
     objects: list[Obj] = []
     for name, spec in ((MUTATE, mutate), (VOID_POLICY, void)):
-        metadata = {"name": name, "labels": dict(celpolicy.LABELS)}
+        metadata = {"name": name, "labels": dict(LABELS)}
         objects.append(
             {"apiVersion": API_VERSION, "kind": POLICY_KIND, "metadata": metadata, "spec": spec}
         )
@@ -798,48 +744,8 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
             {
                 "apiVersion": API_VERSION,
                 "kind": BINDING_KIND,
-                "metadata": {"name": name, "labels": dict(celpolicy.LABELS)},
+                "metadata": {"name": name, "labels": dict(LABELS)},
                 "spec": {"policyName": name, "matchResources": constraints},
             }
         )
     return objects
-
-
-def _split_args(text: str, start: int) -> tuple[list[str], int]:
-    """The top-level comma-separated arguments of the call whose ``(`` is at ``start``,
-    and the index after its ``)``."""
-    args, depth, i, begin, quote = [], 0, start + 1, start + 1, ""
-    while True:
-        ch = text[i]
-        if quote:
-            if ch == "\\":
-                i += 1
-            elif ch == quote:
-                quote = ""
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "([{":
-            depth += 1
-        elif ch in ")]}":
-            if depth == 0:
-                args.append(text[begin:i].strip())
-                return args, i + 1
-            depth -= 1
-        elif ch == "," and depth == 0:
-            args.append(text[begin:i].strip())
-            begin = i + 1
-        i += 1
-
-
-def unbind(expression: str) -> str:
-    """``cel.bind(x, value, body)`` written as ``[value].map(x, body)[0]``: the
-    apiserver's CEL environment has no bindings library, and one element mapped binds
-    a name all the same (``value`` is evaluated once)."""
-    marker = "cel.bind("
-    at = expression.find(marker)
-    while at != -1:
-        (name, value, body), end = _split_args(expression, at + len(marker) - 1)
-        replaced = f"[{unbind(value)}].map({name}, {unbind(body)})[0]"
-        expression = expression[:at] + replaced + expression[end:]
-        at = expression.find(marker, at + len(replaced))
-    return expression

@@ -22,7 +22,7 @@ condition that catches it:
   Secret (its keys are known only to the cluster view).
 - gpu-claim: a resource ``deviceclass.resource.kubernetes.io/<class>`` of the policy's
   GPU device classes (counted as a GPU request above). ConfigMaps, Secrets and DRA
-  objects are judged by the ValidatingAdmissionPolicies (:mod:`webhook.install.celpolicy`),
+  objects are judged by the ValidatingAdmissionPolicies (:mod:`webhook.render.validating`),
   not sent to the webhooks.
 - the void and host-device-access under a GPU runtime class (any pod): a
   ``runtimeClassName`` of the policy's ``runtimeClasses.gpu``.
@@ -53,56 +53,25 @@ Pure: a :class:`~webhook.core.policy.Policy` in, a list of conditions out.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from typing import Final, TypedDict
 
 from webhook.core.env import DEVICE_PREFIXES
-from webhook.core.injection import (
-    VOLUME_LIBRARY,
-    VOLUME_LOCK,
-    VOLUME_MPS_PIPE,
-    VOLUME_PRELOAD,
-)
 from webhook.core.policy import DEVICE_CLASS_RESOURCE, Policy
-from webhook.core.resources import CONTAINER_KINDS
 from webhook.core.rules import CDI_MARK, CRIO_DEVICE_KEYS, mount_marks
 from webhook.core.workload import KINDS_BY_PATH
+from webhook.render.cel import any_of, literal, strings
+from webhook.render.pod import CUDA_VERSION, INJECTED_VOLUMES, container_list, names_test
 
 CONDITION_NAME: Final = "gpushare.io/gpu-relevant"
 
-VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
-CUDA_VERSION: Final = "CUDA_VERSION"
-NVIDIA_PREFIX: Final = "NVIDIA_"
-INJECTED_VOLUMES: Final = (
-    VOLUME_LIBRARY,
-    VOLUME_LOCK,
-    VOLUME_PRELOAD,
-    VOLUME_MPS_PIPE,
-)
+
 _GLOB_CHARS: Final = "*?["
 
 
 class MatchCondition(TypedDict):
     name: str
     expression: str
-
-
-def literal(text: str) -> str:
-    """A CEL string literal of ``text``.
-
-    JSON's escapes are CEL's, bar ``\\/`` (json.dumps never writes it); non-ASCII
-    stays literal because CEL refuses the surrogate pairs ``ensure_ascii`` would write.
-    """
-    return json.dumps(text, ensure_ascii=False)
-
-
-def _list(items: Iterable[str]) -> str:
-    return "[" + ", ".join(literal(item) for item in items) + "]"
-
-
-def _any(terms: Sequence[str], *, joiner: str = " || ") -> str:
-    return joiner.join(f"({term})" for term in terms) if terms else "false"
 
 
 # Top-level alternatives one a line: the conditions are read in deploy/base too.
@@ -132,12 +101,12 @@ def _resource_test(policy: Policy, var: str) -> str:
     """``var`` (a resource name) is one the policy reads as a GPU request."""
     terms = []
     if policy.gpu_resources:
-        terms.append(f"{var} in {_list(sorted(policy.gpu_resources))}")
+        terms.append(f"{var} in {strings(sorted(policy.gpu_resources))}")
     terms.extend(f"{var}.startsWith({literal(p)})" for p in sorted(set(policy.mig_prefixes)))
     if policy.gpu_device_classes:
         # DRA's extended resources for the GPU device classes (gpu-claim).
         classes = sorted(DEVICE_CLASS_RESOURCE + c for c in policy.gpu_device_classes)
-        terms.append(f"{var} in {_list(classes)}")
+        terms.append(f"{var} in {strings(classes)}")
     return " || ".join(terms) or "false"
 
 
@@ -155,16 +124,14 @@ def _container_test(policy: Policy, c: str) -> str:
         if judged
     ]
     env_from = (
-        [f"has({c}.envFrom) && {c}.envFrom.exists(s, {_any([f'has(s.{r})' for r in sources])})"]
+        [f"has({c}.envFrom) && {c}.envFrom.exists(s, {any_of([f'has(s.{r})' for r in sources])})"]
         if sources
         else []
     )
-    return _any(
+    return any_of(
         [
             *env_from,
-            f"has({c}.resources) && ("
-            f"(has({c}.resources.limits) && {c}.resources.limits.exists(r, {gpu})) || "
-            f"(has({c}.resources.requests) && {c}.resources.requests.exists(r, {gpu})))",
+            names_test(c, gpu),
             # The toolkit's names (env.DEVICE_PREFIXES) are judged in any pod; CUDA_VERSION
             # and the NVIDIA_* names get the containers that ask for no GPU their void.
             f"has({c}.env) && {c}.env.exists(e, has(e.name) && "
@@ -176,35 +143,30 @@ def _container_test(policy: Policy, c: str) -> str:
             # A path the GPU stack reads cleans to its root or below only if the mountPath
             # holds the root's last component (rules.read_paths).
             f"has({c}.volumeMounts) && {c}.volumeMounts.exists(m, "
-            f"(has(m.mountPath) && {_list(mount_marks(policy))}"
+            f"(has(m.mountPath) && {strings(mount_marks(policy))}"
             ".exists(w, m.mountPath.contains(w))) || "
-            f"(has(m.name) && m.name in {_list(INJECTED_VOLUMES)}))",
+            f"(has(m.name) && m.name in {strings(INJECTED_VOLUMES)}))",
             # The same for a block device's path (rules._device_findings).
             f"has({c}.volumeDevices) && {c}.volumeDevices.exists(d, has(d.devicePath) && "
-            f"{_list(mount_marks(policy))}.exists(w, d.devicePath.contains(w)))",
+            f"{strings(mount_marks(policy))}.exists(w, d.devicePath.contains(w)))",
         ]
     )
-
-
-def _every_container(spec: str) -> str:
-    """One list of every kind of container of ``spec``, so a container test is written once."""
-    return " + ".join(f"(has({spec}.{kind}) ? {spec}.{kind} : [])" for kind in CONTAINER_KINDS)
 
 
 def _spec_test(policy: Policy, spec: str) -> str:
     """Pod spec ``spec`` has a relevant container of any kind or a relevant volume, or
     runs under one of the policy's GPU runtime classes."""
     terms = [
-        f"({_every_container(spec)}).exists(c, {_container_test(policy, 'c')})",
+        f"({container_list(spec)}).exists(c, {_container_test(policy, 'c')})",
         f"has({spec}.volumes) && {spec}.volumes.exists(v, has(v.hostPath) || "
-        f"(has(v.name) && v.name in {_list(INJECTED_VOLUMES)}))",
+        f"(has(v.name) && v.name in {strings(INJECTED_VOLUMES)}))",
     ]
     if policy.gpu_runtime_classes:
         terms.append(
             f"has({spec}.runtimeClassName) && "
-            f"{spec}.runtimeClassName in {_list(sorted(policy.gpu_runtime_classes))}"
+            f"{spec}.runtimeClassName in {strings(sorted(policy.gpu_runtime_classes))}"
         )
-    return _any(terms)
+    return any_of(terms)
 
 
 def _annotation_test(policy: Policy, metadata: str) -> str:
@@ -217,13 +179,13 @@ def _annotation_test(policy: Policy, metadata: str) -> str:
     keys = sorted({*CRIO_DEVICE_KEYS, *policy.refused_annotation_prefixes, *prefixes})
     terms.extend(f"k.startsWith({literal(p)})" for p in keys)
     if exact:
-        terms.append(f"k in {_list(exact)}")
+        terms.append(f"k in {strings(exact)}")
     return f"has({metadata}.annotations) && {metadata}.annotations.exists(k, {' || '.join(terms)})"
 
 
 def _template_test(policy: Policy, node: str) -> str:
     """The pod template at ``node`` is relevant."""
-    return _any(
+    return any_of(
         [
             f"has({node}.spec) && ({_spec_test(policy, node + '.spec')})",
             f"has({node}.metadata) && ({_annotation_test(policy, node + '.metadata')})",
@@ -243,7 +205,7 @@ def _per_kind(pod: str, template: Callable[[str], str]) -> str:
             guards.append(f"has({node}.{part})")
             node = f"{node}.{part}"
         implications.append(
-            f"!(request.kind.kind in {_list(kinds)}){_LINES}"
+            f"!(request.kind.kind in {strings(kinds)}){_LINES}"
             f"({' && '.join([*guards, f'({template(node)})'])})"
         )
     return "\n&& ".join(f"({implication})" for implication in implications)
@@ -251,7 +213,7 @@ def _per_kind(pod: str, template: Callable[[str], str]) -> str:
 
 def match_conditions(policy: Policy) -> list[MatchCondition]:
     """The matchConditions of both webhooks under ``policy`` (all must hold to call it)."""
-    pod = _any(
+    pod = any_of(
         [
             f"has(object.spec) && ({_spec_test(policy, 'object.spec')})",
             f"has(object.metadata) && ({_annotation_test(policy, 'object.metadata')})",
@@ -279,11 +241,7 @@ def view_conditions(policy: Policy) -> list[MatchCondition]:
     gpu = _resource_test(policy, "r")
 
     def asks(spec: str) -> str:
-        return (
-            f"({_every_container(spec)}).exists(c, has(c.resources) && ("
-            f"(has(c.resources.limits) && c.resources.limits.exists(r, {gpu})) || "
-            f"(has(c.resources.requests) && c.resources.requests.exists(r, {gpu}))))"
-        )
+        return f"({container_list(spec)}).exists(c, {names_test('c', gpu)})"
 
     expression = _per_kind(
         f"has(object.spec) && {asks('object.spec')}",
