@@ -10,7 +10,10 @@ models, and refuses the rest:
   canonical text (tests/install/kubequantity.py), rounded up to 1m
   (pkg/apis/core/v1/defaults.go:39-48); an annotation or label of null is "", of another
   type a 400; fields Go leaves out when empty (omitempty) left out: empty strings, false
-  booleans, empty lists and maps; ``resources`` written always (a struct).
+  booleans, empty lists and maps; ``resources`` written always (a struct); the keys of
+  maps (annotations, labels, nodeSelector, limits, requests) in order, as Go's JSON
+  encoder writes a map: where a container asks for two resources of one kind, the
+  mutation and the core read the later key, so the order is part of the verdict.
 - Defaulting (defaults.go): requests from limits in a Pod's containers and init
   containers (164-189, not templates), enableServiceLinks (196-199), the pod spec's
   dnsPolicy, restartPolicy, securityContext, terminationGracePeriodSeconds and
@@ -120,7 +123,7 @@ def _string_map(value: Any, where: str, *, labels: bool = False) -> dict[str, st
         if labels and text and not (len(text) <= 63 and _NAME.fullmatch(text)):
             raise _refuse(f"{where}[{key}]: label value {text!r}")
         result[key] = text
-    return result
+    return dict(sorted(result.items()))
 
 
 def _metadata(meta: Any, where: str) -> Obj:
@@ -202,9 +205,9 @@ def _resources(block: Any, *, pod: bool, claims: Collection[str], where: str) ->
             raise _refuse(f"{where}: {name} request {value.text()} against limit {limit.text()}")
     out: Obj = {}
     if limits:
-        out["limits"] = {name: q.text() for name, q in limits.items()}
+        out["limits"] = {name: q.text() for name, q in sorted(limits.items())}
     if requests:
-        out["requests"] = {name: q.text() for name, q in requests.items()}
+        out["requests"] = {name: q.text() for name, q in sorted(requests.items())}
     named = block.get("claims")
     if named:
         if not isinstance(named, list) or not all(isinstance(c, dict) for c in named):

@@ -18,6 +18,7 @@ holds as the rendering changes.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import time
 from collections import Counter
@@ -37,6 +38,7 @@ from tests.core.strategies import (
     pod_updates,
     quota_pods,
 )
+from tests.core.test_decision import KAI_ATTACKS
 from tests.e2e.rest import ALLOCATION, DIFFERENTIAL, pod_to_store, sendable
 from tests.e2e.test_celpolicy import (
     ADMITTED,
@@ -46,6 +48,7 @@ from tests.e2e.test_celpolicy import (
     ZERO_AMOUNTS,
     _cronjob,
     _deployment,
+    _kai_fraction,
     _mutated,
     _mutation_of,
     _scheduled,
@@ -239,6 +242,40 @@ def test_zero_amounts_are_judged_as_the_core_judges_them(shape: str) -> None:
     assert tally.objects == 2, tally.refused
     _assert_equal(tally)
     assert ("invalid-gpu-request" in tally.denied) == refused
+
+
+@pytest.mark.parametrize("attack", [None, *sorted(KAI_ATTACKS)])
+def test_kai_fractions_take_devices_only_from_the_binders_config_map(attack: str | None) -> None:
+    pod = _kai_fraction()
+    if attack is not None:
+        KAI_ATTACKS[attack](pod)
+    tally = Tally()
+    _created(tally, DEFAULT, POLICY, "Pod", sendable("Pod", pod, "p"), NAMESPACE, label="Pod")
+    assert tally.objects == 1, tally.refused
+    _assert_equal(tally)
+    assert ("raw-visible-devices" in tally.denied) == (attack is not None)
+
+
+def test_a_rule_rendered_wrong_is_told_apart() -> None:
+    """The differential can fail: with one validation's expression replaced by what
+    refuses nothing, or by what refuses everything, the bypasses disagree."""
+    (rendered,) = [
+        o
+        for o in validating_policies(POLICY)
+        if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == policy_name("deny")
+    ]
+    for rule, expression in (("privileged-gpu", "true"), ("node-name-pinning", "false")):
+        wrong = copy.deepcopy(rendered)
+        for validation in wrong["spec"]["validations"]:
+            if celeval.rule_of(validation["message"]) == rule:
+                validation["expression"] = expression
+        tally = Tally()
+        for name, (pod, _rule) in sorted(BYPASSES.items()):
+            sent = sendable("Pod", pod, "p")
+            _created(tally, celeval.Policy(wrong), POLICY, "Pod", sent, NAMESPACE, label=name)
+        differ = {label for label, *_ in tally.mismatches}
+        want = {n for n, (_p, r) in BYPASSES.items() if r == rule} if expression == "true" else None
+        assert differ and (want is None or want <= differ), (rule, sorted(differ))
 
 
 def _draw_all(strategy: st.SearchStrategy[Any], count: int) -> list[Any]:
