@@ -15,7 +15,7 @@ models, and refuses the rest:
   encoder writes a map: where a container asks for two resources of one kind, the
   mutation and the core read the later key, so the order is part of the verdict.
 - Defaulting (defaults.go): requests from limits in a Pod's containers and init
-  containers (164-189, not templates), enableServiceLinks (196-199), the pod spec's
+  containers (164-190, not templates), enableServiceLinks (201-204), the pod spec's
   dnsPolicy, restartPolicy, securityContext, terminationGracePeriodSeconds and
   schedulerName (211-232), each container's imagePullPolicy and termination message
   (82-100), a hostPath's type (408-413), a configMap volume's defaultMode (253-258), a
@@ -157,7 +157,7 @@ def _quantities(values: Any, where: str) -> dict[str, kubequantity.Quantity]:
         if abs(parsed.value * 1000) > kubequantity.INT64_MAX:
             raise _refuse(f"unmodelled: {where}[{name}] {raw!r} overflows MilliValue")
         if parsed.fast is not None and parsed.fast[1] < -3:
-            # RoundUp(-3) rescales and forgets the text as written (quantity.go:563-580).
+            # RoundUp(-3) rescales and forgets the text as written (quantity.go:582-597).
             parsed = kubequantity.Quantity(
                 parsed.value, parsed.format, (int(parsed.value * 1000), -3), None
             )

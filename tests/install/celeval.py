@@ -7,24 +7,27 @@ implementation (cel-cpp): CEL's grammar, type checker, macros (``all``, ``exists
 ``filter``, ``map``), ``has()``, error absorption by ``&&`` and ``||``, the strings
 extension (``lowerAscii``, ``replace``, ``split``, ``join``, ``substring``, ``indexOf``,
 ...), and ``matches`` on RE2, the syntax Go's regexp (the apiserver's) implements, so
-``\\x{...}`` classes run as written. It was chosen over cel-python (pure Python: no strings
-extension, Python's ``re`` in place of RE2, and slow on 120 KB policies) and
-common-expression-language (the Rust implementation: no strings extension, no type
-checker). What Kubernetes adds to CEL is not in it, and is added here as extensions
+``\\x{...}`` classes run as written. The other candidates, tried on the default policy's
+rendering: cel-python (pure Python) and common-expression-language (the Rust
+implementation) have neither the strings extension (every ``lowerAscii``, ``split``,
+``join``, ``substring``, ``indexOf`` would have been written here) nor a type checker; a
+small interpreter of the renderer's subset would have been a second CEL to trust.
+What Kubernetes adds to CEL is not in it, and is added here as extensions
 answering as kubernetes/kubernetes staging/src/k8s.io/apiserver/pkg/cel/library does at
 v1.36.3:
 
-- quantity.go:152-209 (``quantity``, ``isQuantity``, ``compareTo``, ``isInteger``,
+- quantity.go:155-191 (``quantity``, ``isQuantity``, ``compareTo``, ``isInteger``,
   ``asInteger``), on tests/install/kubequantity.py. A quantity is held as its text (the
   binding declares no opaque types from Python): each member parses it again.
-- lists.go:151-175 and 213-310 (``sum``, ``indexOf``, ``lastIndexOf`` on lists).
+- lists.go:151-175 and 213-245, 286-312 (``sum``, ``indexOf``, ``lastIndexOf`` on lists).
 
-As the apiserver evaluates a policy (staging/src/k8s.io/apiserver/pkg/admission/plugin/
-policy/validating/validator.go, and matchconditions/matcher.go): the matchConditions
-first (any false: no validation runs; an error fails the request under failurePolicy
-Fail), then each validation; ``variables.<name>`` is bound to each variable's value in
-declaration order, a variable whose evaluation errs left unbound, so that reading it errs
-where it is read (the apiserver evaluates them lazily, on first read).
+As the apiserver evaluates a policy: the matchConditions first (any false: no validation
+runs; an error fails the request under failurePolicy Fail:
+admission/plugin/webhook/matchconditions/matcher.go:80-140), then each validation
+(admission/plugin/policy/validating/validator.go:85); ``variables.<name>`` is bound to
+each variable's value in declaration order, a variable whose evaluation errs left unbound,
+so that reading it errs where it is read, as the apiserver's lazy map of variables answers
+(admission/plugin/cel/composition.go:197-254).
 
 Not mirrored: the cost limits (tests/e2e/test_celpolicy.py holds a large pod to them), and
 the apiserver's compilation against the objects' OpenAPI schemas (every input here is
