@@ -232,21 +232,24 @@ ALLOCATION: Final = {
 SCHEDULER: Final = IDENTITIES["scheduler"][0]
 
 
+def pod_to_store(name: str, base: str) -> Obj:
+    """The pod :func:`stored_pod` creates for ``base`` ("allocated" is "plain", patched)."""
+    if base == "gpu":
+        return gpu_pod(name)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "labels": {"team": "ml"}},
+        # Volumes the `kubectl debug` containers of tests/core/strategies.py mount.
+        "spec": {
+            "containers": [plain_container()],
+            "volumes": [{"name": "data", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
+        },
+    }
+
+
 def stored_pod(api: Api, namespace: str, name: str, base: str) -> Obj:
-    pod = (
-        gpu_pod(name)
-        if base == "gpu"
-        else {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "metadata": {"name": name, "labels": {"team": "ml"}},
-            # Volumes the `kubectl debug` containers of tests/core/strategies.py mount.
-            "spec": {
-                "containers": [plain_container()],
-                "volumes": [{"name": "data", "emptyDir": {}}, {"name": "cache", "emptyDir": {}}],
-            },
-        }
-    )
+    pod = pod_to_store(name, base)
     created = api.create("Pod", namespace, pod, dry_run=False)
     assert created.status == 201, created.body
     stored: Obj = created.body
