@@ -881,6 +881,28 @@ def _second_container(pod: dict[str, Any]) -> None:
     pod["spec"]["containers"].append(other)
 
 
+def _not_the_fraction_container(pod: dict[str, Any]) -> None:
+    # Container 1 reads its own ConfigMap while KAI serves container 0 (its default): the
+    # binder writes none for container 1, so it reads another pod's map of that name,
+    # whose GPU KAI counted for that pod (a thief pod beside a victim with one prefix).
+    thief = copy.deepcopy(pod["spec"]["containers"][0])
+    thief["name"] = "thief"
+    _ref_of(thief)["name"] = f"{KAI_PREFIX}-1"
+    pod["spec"]["containers"][0].pop("env")
+    pod["spec"]["containers"].append(thief)
+
+
+def _named_elsewhere(pod: dict[str, Any]) -> None:
+    # KAI serves the container its annotation names; container 0 still reads <prefix>-0.
+    pod["spec"]["containers"].append({"name": "served", "image": "busybox"})
+    pod["metadata"]["annotations"]["gpu-fraction-container-name"] = "served"
+
+
+def _ref_of(container: dict[str, Any]) -> dict[str, Any]:
+    ref: dict[str, Any] = container["env"][0]["valueFrom"]["configMapKeyRef"]
+    return ref
+
+
 def _init_container(pod: dict[str, Any]) -> None:
     pod["spec"]["initContainers"] = pod["spec"].pop("containers")
     pod["spec"]["containers"] = [{"name": "main", "image": "busybox"}]
@@ -928,6 +950,8 @@ KAI_ATTACKS: Final[dict[str, Any]] = {
     "whole-gpu-too": _whole_gpu_too,
     "second-container": _second_container,
     "init-container": _init_container,
+    "not-the-fraction-container": _not_the_fraction_container,
+    "named-elsewhere": _named_elsewhere,
 }
 
 
@@ -951,6 +975,17 @@ def test_an_init_container_takes_its_own_config_map() -> None:
     _init_container(pod)
     pod["metadata"]["annotations"]["gpu-fraction-container-name"] = "gpu-workload"
     assert review_object(pod, DEFAULT_POLICY)["allowed"]
+
+
+def test_the_named_fraction_container_takes_its_config_map() -> None:
+    # KAI's gpu-fraction-container-name: container 1 is served, and reads <prefix>-1.
+    pod = kai_fraction_pod(f"{KAI_PREFIX}-1")
+    served = pod["spec"]["containers"][0]
+    served["name"] = "served"
+    pod["spec"]["containers"].insert(0, {"name": "sidecar", "image": "busybox"})
+    pod["metadata"]["annotations"]["gpu-fraction-container-name"] = "served"
+    entry = review_object(pod, DEFAULT_POLICY)
+    assert entry["allowed"], entry["violations"]
 
 
 def test_a_policy_without_the_ledgers_config_maps_refuses_it() -> None:

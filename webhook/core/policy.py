@@ -271,6 +271,7 @@ SCHEMA: Final[dict[str, Any]] = {
                                     "schedulerName": {"type": "string", "minLength": 1},
                                     "nameAnnotation": {"type": "string", "minLength": 1},
                                     "requestAnnotations": _STRINGS,
+                                    "containerAnnotation": {"type": "string", "minLength": 1},
                                 },
                             },
                             "writers": _IDENTITIES,
@@ -421,6 +422,9 @@ class DevicesFrom:
     scheduler_name: str
     name_annotation: str
     request_annotations: tuple[str, ...]
+    # The annotation naming the one container the writers serve (KAI's
+    # gpu-fraction-container-name); without it, or without this, the first container.
+    container_annotation: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -1373,6 +1377,7 @@ def _devices_from(raw: Mapping[str, Any] | None) -> DevicesFrom | None:
         scheduler_name=raw["schedulerName"],
         name_annotation=raw["nameAnnotation"],
         request_annotations=tuple(raw["requestAnnotations"]),
+        container_annotation=raw.get("containerAnnotation"),
     )
 
 

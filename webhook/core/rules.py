@@ -45,6 +45,7 @@ from webhook.core.policy import (
     DEFAULT_SCHEDULER,
     DEVICE_CLASS_RESOURCE,
     RULE_IDS,
+    DevicesFrom,
     Mode,
     Policy,
     match_any,
@@ -394,7 +395,10 @@ def devices_from_ledger(
     writers may write such a ConfigMap (:func:`~webhook.core.objects.kept_by_writer`), so
     the pod gets what the scheduler counted: when it names that scheduler, asks with one
     of its annotations, is not pinned to a node past it (nodeName), and the container asks
-    for no GPU resource of its own."""
+    for no GPU resource of its own and is the one container the writers serve (the one
+    ``containerAnnotation`` names, else the first: KAI's GetFractionContainerRef,
+    pkg/binder/common/gpu_access.go:161-198 @ 72de64fc). Any other container would read a
+    ConfigMap of that name the binder wrote for another pod, whose GPU KAI counted there."""
     source = as_mapping(entry.get("valueFrom"))
     ref = as_mapping(source.get("configMapKeyRef"))
     name = ref.get("name")
@@ -422,9 +426,25 @@ def devices_from_ledger(
             isinstance(prefix, str)
             and name == f"{prefix}-{suffix}"
             and match_any(name, ledger.config_maps)
+            and _served(container, kind, index, annotations, wanted)
         ):
             return True
     return False
+
+
+def _served(
+    container: Mapping[str, Any],
+    kind: ContainerKind,
+    index: int,
+    annotations: Mapping[str, Any],
+    wanted: DevicesFrom,
+) -> bool:
+    """``container`` is the one whose devices the ledger's writers keep: the one its
+    container annotation names, else the pod's first container."""
+    named = annotations.get(wanted.container_annotation) if wanted.container_annotation else None
+    if isinstance(named, str):
+        return container.get("name") == named
+    return kind == "containers" and index == 0
 
 
 def variable_findings(

@@ -233,11 +233,17 @@ def _devices_from_ledger(policy: Policy, spec: str) -> str:
             continue
         key = literal(wanted.name_annotation)
         asked = " || ".join(f"{literal(a)} in {annotations}" for a in wanted.request_annotations)
+        # rules._served: the container the annotation names, else the first one.
+        first = f"has({spec}.containers) && {spec}.containers[0].name == c.name"
+        served = first
+        if wanted.container_annotation:
+            named = literal(wanted.container_annotation)
+            served = f"({named} in {annotations} ? c.name == {annotations}[{named}] : {first})"
         terms.append(
             f"has({spec}.schedulerName) && {spec}.schedulerName == "
             f"{literal(wanted.scheduler_name)} && ({asked or 'false'}) && {key} in {annotations} "
             f"&& {ref}.name == {annotations}[{key}] + '-' + {suffix} && "
-            f"({glob_test(f'{ref}.name', ledger.config_maps)})"
+            f"({glob_test(f'{ref}.name', ledger.config_maps)}) && {served}"
         )
     if not terms:
         return "false"
