@@ -62,6 +62,7 @@ from tests.render.admitted import Refused, admitted, updated
 from tests.render.test_validating import MODE_SCHEDULERS as MODES_POLICY
 from webhook.core.decision import Request, decide
 from webhook.core.policy import Policy
+from webhook.policies import parse_policy
 from webhook.render.validating import RULES, policy_name, validating_policies
 
 Obj = dict[str, Any]
@@ -137,14 +138,17 @@ def _created(
     namespace: str,
     *,
     label: str,
+    requester: tuple[str, tuple[str, ...]] = TENANT,
+    today: str = "",
 ) -> None:
-    """``obj`` created as a ``kind`` in ``namespace`` by the tenant: both verdicts compared."""
+    """``obj`` created as a ``kind`` in ``namespace`` by ``requester`` (the tenant) on
+    ``today``: both verdicts compared."""
     try:
         seen = admitted(kind, obj, namespace=namespace, runtime_classes=_runtime_classes(policy))
     except Refused as error:
         tally.refuse(error)
         return
-    user, groups = TENANT
+    user, groups = requester
     request = celeval.admission_request(
         kind,
         namespace=namespace,
@@ -153,7 +157,7 @@ def _created(
         groups=groups,
     )
     verdict = cel.evaluate(seen, request)
-    want = core_denials(seen, namespace, policy, username=user, groups=groups)
+    want = core_denials(seen, namespace, policy, username=user, groups=groups, today=today)
     tally.compare(label, verdict, len(cel.rules), want, seen)
 
 
@@ -423,3 +427,71 @@ def test_pod_updates_rule_by_rule() -> None:
     print(tally.report("pod updates", started))
     _assert_equal(tally)
     _coverage(tally, rules=("forged-allocation", "privileged-gpu"), least=UPDATE_EXAMPLES // 2)
+
+
+# Exceptions by namespace (a glob), by requester and past their last day, over rules
+# of every family.
+EXCEPTED: Final = parse_policy(
+    f"""
+apiVersion: gpushare.io/v1alpha1
+kind: GPUSharePolicy
+spec:
+  exceptions:
+    - name: warn-only-paths
+      rules: [host-device-access, privileged-gpu]
+      namespaces: ["cel-warn-*"]
+      reason: r
+      owner: o
+      expires: 2027-06-30
+    - name: tenant-env
+      rules: [raw-visible-devices, limit-tampering]
+      users: [{TENANT[0]}]
+      reason: r
+      owner: o
+    - name: lapsed
+      rules: [invalid-gpu-request, mode-conflict]
+      namespaces: [{NAMESPACE}]
+      reason: r
+      owner: o
+      expires: 2001-01-01
+"""
+)
+EXCEPTED_EXAMPLES: Final = 1000
+
+
+def test_generated_objects_under_exceptions() -> None:
+    """The policy's exceptions rendered on a day equal the core's on that day: in and
+    out of their namespaces, by and not by their requester, one of them past its end."""
+    started = time.monotonic()
+    today = "2027-01-01"
+    (deny,) = [
+        o
+        for o in validating_policies(EXCEPTED, today=today)
+        if o["kind"] == "ValidatingAdmissionPolicy" and o["metadata"]["name"] == policy_name("deny")
+    ]
+    cel = celeval.Policy(deny)
+    tally = Tally()
+    drawn = _draw_all(st.one_of(objects(), attacked_objects()), EXCEPTED_EXAMPLES)
+    requesters = (TENANT, ("someone-else", ("system:authenticated",)))
+    for number, (kind, obj) in enumerate(drawn):
+        namespace = (NAMESPACE, "other")[number % 2]
+        requester = requesters[(number // 2) % 2]
+        sent = sendable(kind, obj, f"x{number}")
+        if number % 3 == 0:
+            sent = _mutation_of(sent, EXCEPTED, namespace=namespace)
+        _created(
+            tally,
+            cel,
+            EXCEPTED,
+            kind,
+            sent,
+            namespace,
+            label=f"{kind} #{number}",
+            requester=requester,
+            today=today,
+        )
+    print(tally.report("exceptions", started))
+    _assert_equal(tally)
+    _coverage(
+        tally, rules=("host-device-access", "raw-visible-devices"), least=EXCEPTED_EXAMPLES // 10
+    )
