@@ -459,3 +459,59 @@ def test_an_exception_named_twice_is_refused() -> None:
     with pytest.raises(PolicyError) as raised:
         parse_policy(text + entry + entry)
     assert any("e is named twice" in error for error in raised.value.errors)
+
+
+@pytest.mark.parametrize(
+    ("scope", "problem"),
+    [
+        ('namespaces: ["*"]', "'*' matches every namespace"),
+        ('namespaces: ["ML"]', "'ML' matches no namespace"),
+        ("groups: [system:authenticated]", "holds every requester of its kind"),
+        ('serviceAccounts: ["*/default"]', "names accounts of any namespace"),
+        ("serviceAccounts: [kube-system/replicaset-controller]", "add namespaces"),
+    ],
+)
+def test_an_exception_that_reaches_every_tenant_is_refused(scope: str, problem: str) -> None:
+    text = (
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  exceptions:\n"
+        f"    - name: e\n      rules: [privileged-gpu]\n      {scope}\n"
+        "      reason: r\n      owner: o\n"
+    )
+    with pytest.raises(PolicyError) as raised:
+        parse_policy(text)
+    assert any(problem in error and error.startswith("line 7:") for error in raised.value.errors), (
+        raised.value.errors
+    )
+
+
+def test_a_controller_account_within_namespaces_is_a_scope() -> None:
+    policy = parse_policy(
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  exceptions:\n"
+        "    - name: e\n      rules: [privileged-gpu]\n      namespaces: [ml]\n"
+        "      serviceAccounts: [kube-system/replicaset-controller]\n"
+        "      reason: r\n      owner: o\n"
+    )
+    assert policy.exceptions[0].namespaces == ("ml",)
+
+
+@pytest.mark.parametrize("rule", ["invalid-gpu-request", "mode-conflict", "unmutated-gpu-pod"])
+def test_no_exception_takes_off_what_the_limits_depend_on(rule: str) -> None:
+    # A request the core cannot read, or a mode it cannot honour, gets no limits.
+    text = (
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  exceptions:\n"
+        f"    - name: e\n      rules: [{rule}]\n      namespaces: [ml]\n"
+        "      reason: r\n      owner: o\n"
+    )
+    with pytest.raises(PolicyError) as raised:
+        parse_policy(text)
+    assert any(f"'{rule}' is not one of" in error for error in raised.value.errors)
+
+
+def test_a_blank_reason_is_none() -> None:
+    text = (
+        "apiVersion: gpushare.io/v1alpha1\nkind: GPUSharePolicy\nspec:\n  exceptions:\n"
+        "    - name: e\n      rules: [privileged-gpu]\n      namespaces: [ml]\n"
+        "      reason: '  '\n      owner: o\n"
+    )
+    with pytest.raises(PolicyError):
+        parse_policy(text)

@@ -47,6 +47,12 @@ RULE_IDS: Final = (
     "unmutated-gpu-pod",
     "no-fitting-node",
 )
+# What an exception may take off. Not invalid-gpu-request, mode-conflict nor
+# unmutated-gpu-pod: a request the core cannot read or a mode it cannot honour gets no
+# limits from the mutation, and a pod without them runs uncapped; fix the workload.
+EXCEPTABLE_RULES: Final = tuple(
+    r for r in RULE_IDS if r not in ("invalid-gpu-request", "mode-conflict", "unmutated-gpu-pod")
+)
 MODES: Final = ("vgpu", "mps", "mig")
 # The modes whose pods get a scheduler: MIG pods keep theirs (every scheduler counts
 # MIG instances, plain extended resources).
@@ -75,11 +81,11 @@ _EXCEPTION = {
     "required": ["name", "rules", "reason", "owner"],
     "properties": {
         "name": {"type": "string", "pattern": "^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"},
-        "rules": {"type": "array", "minItems": 1, "items": {"enum": list(RULE_IDS)}},
+        "rules": {"type": "array", "minItems": 1, "items": {"enum": list(EXCEPTABLE_RULES)}},
         "namespaces": _STRINGS,
         **_IDENTITY_PROPERTIES,
-        "reason": {"type": "string", "minLength": 1},
-        "owner": {"type": "string", "minLength": 1},
+        "reason": {"type": "string", "pattern": "\\S"},
+        "owner": {"type": "string", "pattern": "\\S"},
         # The last day (UTC) it applies.
         "expires": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"},
     },
@@ -1175,14 +1181,64 @@ def _env_problems(document: Mapping[str, Any]) -> list[tuple[list[Any], str]]:
     return problems
 
 
+# Groups every requester of a kind is in: as a scope, the rule off for everyone.
+_EVERYONE: Final = frozenset(
+    {"system:authenticated", "system:unauthenticated", "system:serviceaccounts"}
+)
+# What a namespace's name may hold (a DNS label), and a glob's own characters.
+_NAMESPACE_GLOB: Final = re.compile(r"[-a-z0-9*?\[\]!]+")
+
+
+def _scope_problems(entry: Mapping[str, Any], path: list[Any]) -> list[tuple[list[Any], str]]:
+    """Scopes that reach every tenant: a namespace glob every name matches, or none can;
+    a group everyone is in; without namespaces, a service account glob across namespaces
+    (a tenant with edit rights acts as its namespace's accounts) or the controller
+    accounts that create pods in every namespace (kube-system's)."""
+    problems: list[tuple[list[Any], str]] = []
+    everywhere = "; to turn a rule off everywhere, set it to off under rules"
+    for i, pattern in enumerate(entry.get("namespaces") or ()):
+        where = [*path, "namespaces", i]
+        if fnmatch.fnmatchcase("", pattern) or set(pattern) <= {"*"}:
+            problems.append((where, f"{pattern!r} matches every namespace{everywhere}"))
+        elif not _NAMESPACE_GLOB.fullmatch(pattern):
+            problems.append((where, f"{pattern!r} matches no namespace (a DNS label)"))
+    for i, group in enumerate(entry.get("groups") or ()):
+        if group in _EVERYONE:
+            where = [*path, "groups", i]
+            problems.append((where, f"{group} holds every requester of its kind{everywhere}"))
+    if not entry.get("namespaces"):
+        for i, account in enumerate(entry.get("serviceAccounts") or ()):
+            namespace = account.partition("/")[0]
+            where = [*path, "serviceAccounts", i]
+            if any(ch in namespace for ch in "*?["):
+                problems.append(
+                    (
+                        where,
+                        f"{account} names accounts of any namespace, which its tenants act "
+                        "as; name the namespace, or add namespaces",
+                    )
+                )
+            elif namespace == "kube-system":
+                problems.append(
+                    (
+                        where,
+                        f"{account} is a system account that may create pods for every "
+                        "namespace (a Deployment's pods are the ReplicaSet controller's); "
+                        "add namespaces",
+                    )
+                )
+    return problems
+
+
 def _exception_problems(document: Mapping[str, Any]) -> list[tuple[list[Any], str]]:
-    """Exceptions that name no scope (a rule off everywhere is ``rules: {id: off}``), a
-    name twice, or a day that is none."""
+    """Exceptions that name no scope (a rule off everywhere is ``rules: {id: off}``) or
+    one that reaches every tenant, a name twice, or a day that is none."""
     problems: list[tuple[list[Any], str]] = []
     seen: set[str] = set()
     entries = (document.get("spec") or {}).get("exceptions") or []
     for index, entry in enumerate(entries):
         path = ["spec", "exceptions", index]
+        problems.extend(_scope_problems(entry, path))
         if not any(entry.get(k) for k in ("namespaces", "users", "groups", "serviceAccounts")):
             problems.append(
                 (
