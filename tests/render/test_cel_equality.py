@@ -449,7 +449,7 @@ spec:
       reason: r
       owner: o
     - name: lapsed
-      rules: [invalid-gpu-request, mode-conflict]
+      rules: [node-name-pinning, scheduler-bypass]
       namespaces: [{NAMESPACE}]
       reason: r
       owner: o
