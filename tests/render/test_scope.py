@@ -140,8 +140,8 @@ def test_a_glob_that_starts_with_a_wildcard_sends_every_annotated_object() -> No
 def test_literals_escape_what_a_policy_may_hold() -> None:
     assert literal('a"b\\c') == '"a\\"b\\\\c"'
     assert literal("tab\there") == '"tab\\there"'
-    # Non-ASCII stays literal: CEL refuses the surrogate pairs \\u escapes would need.
-    assert literal("gpu\U0001f600") == '"gpu\U0001f600"'
+    # Past ASCII, CEL's escapes: \\U for what \\u would need a surrogate pair for.
+    assert literal("gpu\U0001f600\u0131\x7f") == '"gpu\\U0001f600\\u0131\\u007f"'
 
 
 def test_render_and_webhook_configurations_take_the_policy() -> None:

@@ -22,7 +22,7 @@ from webhook.install import manifests
 from webhook.install.fingerprint import ANNOTATION, spec_fingerprint, stamp
 from webhook.policies import DEFAULT_POLICY, parse_policy
 from webhook.render import messages, requests, validating, variables
-from webhook.render.cel import glob_regex
+from webhook.render.cel import glob_regex, printed
 from webhook.render.scope import match_conditions
 from webhook.render.validating import RULES, validating_policies
 
@@ -121,7 +121,8 @@ def test_one_policy_and_binding_per_action_holding_its_rules() -> None:
     assert list(validating.rule_expressions(DEFAULT_POLICY)) == rendered
     expressions = validating.rule_expressions(DEFAULT_POLICY)
     for rule, validation in validations_by_rule(policies["gpushare-deny"]).items():
-        assert validation["expression"] == expressions[rule]
+        # Printed for people to read: the same tokens, in lines.
+        assert validation["expression"] == printed(expressions[rule])
         assert validation["message"] == f"[{rule}] {messages.MESSAGES[rule]}"
         assert validation["reason"] == "Forbidden"
     # The shared variables (the MutatingAdmissionPolicies read them too) first,
@@ -451,9 +452,10 @@ def test_warn_and_audit_rules_record_each_failure_in_the_apiservers_audit_log() 
             rule = annotation["key"]
             variable = validating.holds_variable(rule)
             # The rule's expression in a variable: a valueExpression holds 5120 bytes.
-            assert held[variable] == expressions[rule]
-            assert annotation["valueExpression"].startswith(f"!variables.{variable} ? ")
-            assert annotation["valueExpression"].endswith(" : ''")
+            assert held[variable] == printed(expressions[rule])
+            value = " ".join(annotation["valueExpression"].split())
+            assert value.startswith(f"!variables.{variable} ? ")
+            assert value.endswith(" : ''")
             assert f"[{rule}] " in annotation["valueExpression"]
             assert len(annotation["valueExpression"]) <= 5120
     assert "auditAnnotations" not in policies["gpushare-deny"]["spec"]

@@ -4,10 +4,10 @@ resources it matches, and the policy's exemptions as matchConditions.
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Any, Final
 
 from webhook.core.policy import Policy
-from webhook.render.cel import glob_test
+from webhook.render.cel import glob_test, printed
 from webhook.render.pod import Obj, identity_test
 
 API_VERSION: Final = "admissionregistration.k8s.io/v1"
@@ -110,3 +110,24 @@ OVERRIDES_ANNOTATION: Final = "gpushare.io/overridden"
 # Dispatch: DefinitionMatches and BindingMatches, then the evaluator), so a pod without it
 # pays nothing for the policy.
 OVERRIDES_LABEL_VALUE: Final = "true"
+
+
+# The fields of admission objects that hold CEL.
+CEL_FIELDS: Final = ("expression", "messageExpression", "valueExpression")
+
+
+def readable(objects: list[Obj]) -> list[Obj]:
+    """``objects`` with every CEL field broken into lines (:func:`~webhook.render.cel.printed`):
+    the same CEL, for people to read."""
+    return [_readable(obj) for obj in objects]
+
+
+def _readable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {
+            k: printed(v) if k in CEL_FIELDS and isinstance(v, str) else _readable(v)
+            for k, v in value.items()
+        }
+    if isinstance(value, list):
+        return [_readable(v) for v in value]
+    return value

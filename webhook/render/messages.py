@@ -21,11 +21,14 @@ from webhook.core.rules import (
     SYS_ADMIN,
     read_paths,
 )
-from webhook.render.cel import literal, strings, stripped_in, upper
+from webhook.render.cel import literal, strings, stripped_in, text, upper
 from webhook.render.env import env_admitted, judged_entry, legacy_image, loosening, spells
 from webhook.render.paths import device_shadow, mount_shadow, normalised_path, read_only_volume
 from webhook.render.pod import asks_for_gpu, container_class, gpu_resource, is_opaque, value_of
 from webhook.render.requests import asked_names, same_amount, valid_amount, with_parts_value
+
+# The core's mark of a hidden value, as an escape inside a CEL string literal.
+_HIDDEN: Final = literal(HIDDEN)[1:-1]
 
 # The message of each rule after its bracketed id (what to change, as the webhook says).
 MESSAGES: Final[Mapping[str, str]] = {
@@ -81,7 +84,7 @@ def _label(x: str) -> str:
 def _first_offender(rule: str, texts: Callable[[str], str]) -> str:
     """``[rule] <label>: <text>`` of the first finding (``texts``: a container's, as a CEL
     list) of the first container that has one, else the static message."""
-    static = literal(f"[{rule}] {MESSAGES[rule]}")
+    static = text(f"[{rule}] {MESSAGES[rule]}")
     prefix = literal(f"[{rule}] ")
     found = (
         f"variables.containers.map(x, ({texts('x')}).map(t, {_label('x')} + ': ' + t))"
@@ -92,7 +95,7 @@ def _first_offender(rule: str, texts: Callable[[str], str]) -> str:
 
 def _shown(entry: str) -> str:
     """The core's ``="…"`` of an inline value, `` from valueFrom`` of a reference."""
-    return f"(has({entry}.valueFrom) ? ' from valueFrom' : '=\"{HIDDEN}\"')"
+    return f"(has({entry}.valueFrom) ? ' from valueFrom' : '=\"{_HIDDEN}\"')"
 
 
 def _privileged_texts(x: str) -> str:
@@ -103,8 +106,7 @@ def _privileged_texts(x: str) -> str:
     return (
         f"!has({context}) ? [] : (({privileged}) ? ['privileged in a GPU pod sees every GPU; "
         "remove securityContext.privileged'] : []) + "
-        f"(({added}) ? ['CAP_SYS_ADMIN in a GPU pod makes the NVIDIA runtime honour any device "
-        "list it asks for; remove it from securityContext.capabilities.add'] : [])"
+        f"(({added}) ? [{text(_SYS_ADMIN_TEXT)}] : [])"
     )
 
 
@@ -119,7 +121,7 @@ def _unadmitted_text(policy: Policy, channel: Channel, reader: str) -> str:
     by_class = env_admitted(
         policy, "e.name", value_of("e"), is_opaque("e"), None, channel=channel, bound="a"
     )
-    words = "{" + ", ".join(f"{literal(k)}: {literal(CLASS_WORDS[k])}" for k in admits) + "}"
+    words = "{" + ", ".join(f"{literal(k)}: {text(CLASS_WORDS[k])}" for k in admits) + "}"
     hint = (
         f"size(w) > 0 ? '; the policy\\'s env.allowed admits it only in ' + "
         f"w.map(a, {words}[a]).join(' and ') : ({listed}) ? "
@@ -130,6 +132,30 @@ def _unadmitted_text(policy: Policy, channel: Channel, reader: str) -> str:
         f"[{strings(admits)}.filter(a, {by_class})].map(w, k in w ? '' : e.name + {_shown('e')} "
         f"+ {literal(f' is read by {reader}')} + ({hint}) + '; remove it')[0]"
     )
+
+
+_SYS_ADMIN_TEXT: Final = (
+    "CAP_SYS_ADMIN in a GPU pod makes the NVIDIA runtime honour any device list it asks for; "
+    "remove it from securityContext.capabilities.add"
+)
+
+
+_PREFIX_TEXT: Final = (
+    f'envFrom prefix "{HIDDEN}" can spell NVIDIA_VISIBLE_DEVICES or a HAMi-core switch from '
+    "a key; remove the prefix"
+)
+
+
+_RUNTIME_TEXT: Final = (
+    " hands every GPU to a container that asks for none; set NVIDIA_VISIBLE_DEVICES=void or "
+    "request GPUs in limits"
+)
+
+
+_MALFORMED_TEXT: Final = (
+    f' "{HIDDEN}" is malformed, out of range, in the wrong unit or differs from its request; '
+    "write plain integers in resources.limits, equal in requests"
+)
 
 
 _LEGACY_TEXTS: Final = (
@@ -154,7 +180,7 @@ def _visible_texts(policy: Policy, x: str) -> str:
     harmless = stripped_in(value_of("e"), HARMLESS_VISIBLE_DEVICES)
     visible = (
         f"has(e.valueFrom) ? '{VISIBLE_DEVICES} from valueFrom; request GPUs in resources.limits' : "
-        f"!({harmless}) ? '{VISIBLE_DEVICES}=\"{HIDDEN}\"; remove it, request GPUs in limits' : ''"
+        f"!({harmless}) ? '{VISIBLE_DEVICES}=\"{_HIDDEN}\"; remove it, request GPUs in limits' : ''"
     )
     unadmitted = _unadmitted_text(policy, "devices", "the NVIDIA container runtime")
     entry = (
@@ -162,14 +188,13 @@ def _visible_texts(policy: Policy, x: str) -> str:
         f"({judged_entry(policy, 'devices', x)}) ? ({unadmitted}) : ''"
     )
     legacy = (
-        f"({legacy_image(x)}) ? (!({asks_for_gpu(policy, x)}) ? [{literal(_LEGACY_TEXTS[0])}] : "
+        f"({legacy_image(x)}) ? (!({asks_for_gpu(policy, x)}) ? [{text(_LEGACY_TEXTS[0])}] : "
         f"variables.gpu && {x}.env.exists(e, has(e.name) && e.name == 'NVIDIA_REQUIRE_CUDA') && "
-        f"k == 'slice' ? [{literal(_LEGACY_TEXTS[1])}] : []) : []"
+        f"k == 'slice' ? [{text(_LEGACY_TEXTS[1])}] : []) : []"
     )
     spelled = (
         f"has({x}.envFrom) ? {x}.envFrom.filter(s, has(s.prefix) && s.prefix != '' && "
-        f'({spells("s.prefix")})).map(s, \'envFrom prefix "{HIDDEN}" can spell '
-        "NVIDIA_VISIBLE_DEVICES or a HAMi-core switch from a key; remove the prefix') : []"
+        f"({spells('s.prefix')})).map(s, {text(_PREFIX_TEXT)}) : []"
     )
     return f"[{container_class(x)}].map(k, ({legacy}) + ({spelled}) + {_env_texts(x, entry)})[0]"
 
@@ -177,7 +202,7 @@ def _visible_texts(policy: Policy, x: str) -> str:
 def _tampering_texts(policy: Policy, x: str) -> str:
     """limit-tampering of container ``x``: each switch that loosens, and why, and each
     limit name env.allowed does not admit."""
-    why = "{" + ", ".join(f"{literal(k)}: {literal(v)}" for k, v in LOOSENING.items()) + "}"
+    why = "{" + ", ".join(f"{literal(k)}: {text(v)}" for k, v in LOOSENING.items()) + "}"
     unadmitted = _unadmitted_text(policy, "limits", "HAMi-core or the MPS client")
     entry = (
         f"({loosening(policy, 'e')}) ? e.name + {_shown('e')} + ' ' + {why}[e.name] + "
@@ -229,11 +254,8 @@ def _mount_texts(policy: Policy, x: str) -> str:
         f"{strings(sorted(policy.gpu_runtime_classes))} && !({asks_for_gpu(policy, x)}) && "
         f"!(has({x}.env) && {x}.env.exists(e, e.name == {literal(VISIBLE_DEVICES)}))"
     )
-    text = (
-        "'runtimeClassName ' + variables.spec.runtimeClassName + ' hands every GPU to a "
-        "container that asks for none; set NVIDIA_VISIBLE_DEVICES=void or request GPUs in limits'"
-    )
-    return f"(({runtime}) ? [{text}] : []) + {texts}"
+    hands = f"'runtimeClassName ' + variables.spec.runtimeClassName + {text(_RUNTIME_TEXT)}"
+    return f"(({runtime}) ? [{hands}] : []) + {texts}"
 
 
 def _request_texts(policy: Policy, x: str) -> str:
@@ -246,9 +268,8 @@ def _request_texts(policy: Policy, x: str) -> str:
     )
     twice = asked_names(policy.memory_resources)
     texts = (
-        f'({wrong}).map(r, r + \' "{HIDDEN}" is malformed, out of range, in the wrong unit '
-        "or differs from its request; write plain integers in resources.limits, equal in "
-        f"requests') + (size({twice}) > 1 ? ['asks for memory twice (' + {twice}.join(', ') "
+        f"({wrong}).map(r, r + {text(_MALFORMED_TEXT)}) "
+        f"+ (size({twice}) > 1 ? ['asks for memory twice (' + {twice}.join(', ') "
         "+ '); keep one'] : [])"
     )
     return with_parts_value(x, texts)

@@ -70,6 +70,7 @@ from webhook.render.admission import (
     OVERRIDES_LABEL_VALUE,
     exemption_conditions,
     match_constraints,
+    readable,
 )
 from webhook.render.cel import literal, strings, unbind
 from webhook.render.env import loosening
@@ -91,6 +92,9 @@ from webhook.render.pod import (
 )
 from webhook.render.scheduling import wanted_scheduler
 from webhook.render.variables import variables
+
+# The core's mark of a hidden value, as an escape inside a CEL string literal.
+_HIDDEN: Final = literal(HIDDEN)[1:-1]
 
 POLICY_KIND: Final = "MutatingAdmissionPolicy"
 
@@ -559,7 +563,7 @@ def _overridden(policy: Policy, mode: Mode) -> str:
         "cel.bind(es, env.filter(e, e.name == w['name']), size(es) == 0 ? '' : "
         "cel.bind(e, es[size(es) - 1], cel.bind(by, ' replaced by \\\"' + w['value'] + '\\\"', "
         "has(e.valueFrom) ? label + w['name'] + ' valueFrom' + by : "
-        f"(has(e.value) ? e.value : '') != w['value'] ? label + w['name'] + ' \\\"{HIDDEN}\\\"' + by "
+        f"(has(e.value) ? e.value : '') != w['value'] ? label + w['name'] + ' \\\"{_HIDDEN}\\\"' + by "
         ": '')))).filter(t, t != '')"
     )
     stray = (
@@ -748,4 +752,4 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
                 "spec": {"policyName": name, "matchResources": constraints},
             }
         )
-    return objects
+    return readable(objects)

@@ -60,7 +60,7 @@ from webhook.core.env import DEVICE_PREFIXES
 from webhook.core.policy import DEVICE_CLASS_RESOURCE, Policy
 from webhook.core.rules import CDI_MARK, CRIO_DEVICE_KEYS, mount_marks
 from webhook.core.workload import KINDS_BY_PATH
-from webhook.render.cel import any_of, literal, strings
+from webhook.render.cel import any_of, literal, printed, strings
 from webhook.render.pod import CUDA_VERSION, INJECTED_VOLUMES, container_list, names_test
 
 CONDITION_NAME: Final = "gpushare.io/gpu-relevant"
@@ -224,7 +224,7 @@ def match_conditions(policy: Policy) -> list[MatchCondition]:
         joiner=_LINES,
     )
     expression = _per_kind(pod, lambda node: _template_test(policy, node))
-    return [MatchCondition(name=CONDITION_NAME, expression=expression)]
+    return [MatchCondition(name=CONDITION_NAME, expression=printed(expression))]
 
 
 VIEW_CONDITION_NAME: Final = "gpushare.io/cluster-view"
@@ -247,4 +247,4 @@ def view_conditions(policy: Policy) -> list[MatchCondition]:
         f"has(object.spec) && {asks('object.spec')}",
         lambda node: f"has({node}.spec) && {asks(node + '.spec')}",
     )
-    return [MatchCondition(name=VIEW_CONDITION_NAME, expression=expression)]
+    return [MatchCondition(name=VIEW_CONDITION_NAME, expression=printed(expression))]

@@ -132,8 +132,9 @@ from webhook.render.admission import (
     SYSTEM_NAMESPACES,
     exemption_conditions,
     match_constraints,
+    readable,
 )
-from webhook.render.cel import literal
+from webhook.render.cel import literal, text
 from webhook.render.claims import pod_claims, written_claims
 from webhook.render.env import limit_tampering, raw_visible_devices, written_env
 from webhook.render.exception import excepted, unless_excepted
@@ -193,7 +194,7 @@ def audit_annotations(
             # An empty string is no annotation, as null is; the apiserver's type check
             # refuses a conditional of a string and null.
             "valueExpression": f"!variables.{holds_variable(rule)} ? "
-            + literal(f"[{rule}] {messages[rule]}")
+            + text(f"[{rule}] {messages[rule]}")
             + " : ''",
         }
         for rule in rules
@@ -332,7 +333,7 @@ def validating_policies(
         )
     objects.extend(_source_policies(policy, namespace, today=today))
     objects.extend(_override_policies(policy, namespace, today=today))
-    return objects
+    return readable(objects)
 
 
 # One warning per line, as the webhook's; past this many the last names the annotation.
