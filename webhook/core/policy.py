@@ -497,7 +497,14 @@ class PolicyException:
     def covers(
         self, rule: str, *, namespace: str, username: str, groups: Iterable[str], today: str
     ) -> bool:
-        if rule not in self.rules or self.expired(today):
+        """It takes ``rule`` off for this request on ``today``."""
+        return not self.expired(today) and self.scopes(
+            rule, namespace=namespace, username=username, groups=groups
+        )
+
+    def scopes(self, rule: str, *, namespace: str, username: str, groups: Iterable[str]) -> bool:
+        """It names ``rule`` for this request, whatever the day."""
+        if rule not in self.rules:
             return False
         if self.namespaces and not match_any(namespace, self.namespaces):
             return False

@@ -302,9 +302,7 @@ def _lapsed(policy: Policy, rule: str, namespace: str, today: str) -> tuple[str,
         if (
             exception.expires is not None
             and exception.expired(today)
-            and exception.covers(
-                rule, namespace=namespace, username="", groups=(), today=exception.expires
-            )
+            and exception.scopes(rule, namespace=namespace, username="", groups=())
         ):
             return exception.name, exception.expires
     return "", ""

@@ -119,7 +119,7 @@ validates the object before validating admission, and refuses one without them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 from webhook.core.policy import Action, Policy
@@ -311,25 +311,8 @@ def validating_policies(
         if action in RECORDED_ACTIONS:
             held, spec["auditAnnotations"] = audit_annotations(expressions[action], MESSAGES)
             spec["variables"].extend(held)
-        objects.append(
-            {
-                "apiVersion": API_VERSION,
-                "kind": POLICY_KIND,
-                "metadata": {"name": name, "labels": dict(LABELS)},
-                "spec": spec,
-            }
-        )
-        objects.append(
-            {
-                "apiVersion": API_VERSION,
-                "kind": BINDING_KIND,
-                "metadata": {"name": name, "labels": dict(LABELS)},
-                "spec": {
-                    "policyName": name,
-                    "validationActions": list(validation_actions),
-                    "matchResources": match_constraints(namespace),
-                },
-            }
+        objects += _policy_and_binding(
+            name, spec, actions=validation_actions, resources=match_constraints(namespace)
         )
     objects.extend(_source_policies(policy, namespace, today=today))
     objects.extend(_override_policies(policy, namespace, today=today))
@@ -403,11 +386,15 @@ def _override_policies(policy: Policy, namespace: str, *, today: str) -> list[Ob
         ],
         "validations": validations,
     }
-    binding = {
-        "policyName": name,
-        "validationActions": _OVERRIDE_ACTIONS[action],
-        "matchResources": constraints,
-    }
+    return _policy_and_binding(name, spec, actions=_OVERRIDE_ACTIONS[action], resources=constraints)
+
+
+def _policy_and_binding(
+    name: str, spec: Obj, *, actions: Iterable[str], resources: Obj
+) -> list[Obj]:
+    """A ValidatingAdmissionPolicy ``name`` of ``spec`` and its binding, taking
+    ``actions`` on what ``resources`` matches."""
+    binding = {"policyName": name, "validationActions": list(actions), "matchResources": resources}
     return [
         {
             "apiVersion": API_VERSION,
@@ -486,24 +473,7 @@ def _source_policies(policy: Policy, namespace: str, *, today: str) -> list[Obj]
             spec["variables"], spec["auditAnnotations"] = audit_annotations(
                 recorded[action], SOURCE_MESSAGES
             )
-        objects.append(
-            {
-                "apiVersion": API_VERSION,
-                "kind": POLICY_KIND,
-                "metadata": {"name": name, "labels": dict(LABELS)},
-                "spec": spec,
-            }
-        )
-        objects.append(
-            {
-                "apiVersion": API_VERSION,
-                "kind": BINDING_KIND,
-                "metadata": {"name": name, "labels": dict(LABELS)},
-                "spec": {
-                    "policyName": name,
-                    "validationActions": list(validation_actions),
-                    "matchResources": _source_constraints(namespace),
-                },
-            }
+        objects += _policy_and_binding(
+            name, spec, actions=validation_actions, resources=_source_constraints(namespace)
         )
     return objects
