@@ -204,7 +204,8 @@ class NodeHarness:
         """Stop the node's ``process`` (SIGSTOP) for the block: a slow device plugin or
         kubelet, so that a write can land where it would in a race."""
         (proc,) = [p for p in self.node.processes if p.name == process]
-        # The node's processes run under nsenter, which forks to enter the PID namespace.
+        # The node's processes run under nsenter, which forks to enter the PID namespace,
+        # and stops itself when its child stops: both are continued.
         children = Path(f"/proc/{proc.popen.pid}/task/{proc.popen.pid}/children")
         (pid,) = (int(child) for child in children.read_text().split())
         os.kill(pid, signal.SIGSTOP)
@@ -212,3 +213,4 @@ class NodeHarness:
             yield
         finally:
             os.kill(pid, signal.SIGCONT)
+            os.kill(proc.popen.pid, signal.SIGCONT)
