@@ -29,6 +29,7 @@ AUDITED_RULES: Final = (
     "host-device-access",
     "privileged-gpu",
     "limit-tampering",
+    "forged-allocation",
 )
 # profile-variant: "audit" puts AUDITED_RULES at audit; "file" preloads libvgpu by
 # mounting ld.so.preload (vgpu.preload: file) where HAMi's device plugin mounts its own.

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import time
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final, NotRequired, TypedDict
 
 from webhook.dev.node import GPU_UUIDS, Node
@@ -23,6 +28,9 @@ class Report(TypedDict):
 
     env: dict[str, str]
     devices: list[str]
+    # What opening each device node read-write gave: "ok", or an errno's name (the
+    # fake cards give ENXIO where the device cgroup lets them through, EPERM where not).
+    access: dict[str, str]
     preload: str | None
     mounts: list[str]
     readOnly: list[str]
@@ -32,6 +40,12 @@ class Report(TypedDict):
 def cards(report: Report) -> list[str]:
     """The GPU device nodes a container got (nvidiactl and nvidia-uvm left out)."""
     return [d for d in report["devices"] if d.removeprefix("/dev/nvidia").isdigit()]
+
+
+def opens(report: Report, devices: Iterable[str]) -> bool:
+    """Whether the device cgroup lets the container open each of ``devices``: the fake
+    cards have no driver, so an open it lets through fails with ENXIO, not EPERM."""
+    return all(report["access"].get(device) == "ENXIO" for device in devices)
 
 
 def container(name: str, image: str = PROBE, **extra: Any) -> dict[str, Any]:
@@ -184,3 +198,19 @@ class NodeHarness:
         self.create(namespace, manifest)
         self.wait_running(namespace, manifest["metadata"]["name"])
         return self.report(namespace, manifest["metadata"]["name"], container)
+
+    @contextlib.contextmanager
+    def paused(self, process: str) -> Iterator[None]:
+        """Stop the node's ``process`` (SIGSTOP) for the block: a slow device plugin or
+        kubelet, so that a write can land where it would in a race."""
+        (proc,) = [p for p in self.node.processes if p.name == process]
+        # The node's processes run under nsenter, which forks to enter the PID namespace,
+        # and stops itself when its child stops: both are continued.
+        children = Path(f"/proc/{proc.popen.pid}/task/{proc.popen.pid}/children")
+        (pid,) = (int(child) for child in children.read_text().split())
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            yield
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            os.kill(proc.popen.pid, signal.SIGCONT)

@@ -5,16 +5,26 @@ honoured, and nothing extra where it is not; with the rule at ``deny`` it is ref
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 
 from tests.nodeharness.conftest import on
-from tests.nodeharness.pods import ALL_CARDS, NodeHarness, Report, cards, container, gpu_limits, pod
-from webhook.dev.node import GPU_UUIDS, LOCK_DIR
+from tests.nodeharness.pods import (
+    ALL_CARDS,
+    NodeHarness,
+    Report,
+    cards,
+    container,
+    gpu_limits,
+    opens,
+    pod,
+)
+from webhook.dev.node import GPU_UUIDS, LOCK_DIR, MPS_PIPE_DIR, SHARED_RESOURCE
 
 
 @dataclass(frozen=True)
@@ -86,6 +96,27 @@ def _annotated(key: str) -> Callable[[str], dict[str, Any]]:
     return lambda name: pod(name, container("main"), annotations={key: "all"})
 
 
+def _visible_devices_beside(resources: dict[str, Any]) -> Callable[[str], dict[str, Any]]:
+    env = [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]
+    return lambda name: pod(name, container("main", resources=resources, env=env))
+
+
+def _vgpu_joins_node_mps(name: str) -> dict[str, Any]:
+    # A vGPU slice that mounts the node's MPS pipe directory and points its client at it.
+    env = [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": str(MPS_PIPE_DIR)}]
+    mount = {"name": "pipe", "mountPath": str(MPS_PIPE_DIR)}
+    main = container("main", resources=gpu_limits(), env=env, volumeMounts=[mount])
+    return pod(name, main, volumes=[{"name": "pipe", "hostPath": {"path": str(MPS_PIPE_DIR)}}])
+
+
+def _mps_control_shadow(name: str) -> dict[str, Any]:
+    # An MPS pod's file of its own over the daemon's control socket, in the read-only
+    # pipe directory the mutation mounts: a client connecting there reaches no daemon.
+    manifest = _file_over(name, f"{MPS_PIPE_DIR}/control")
+    manifest["spec"]["nodeSelector"] = {"ack.node.gpu.schedule": "mps"}
+    return manifest
+
+
 def _region_in_lock_dir(name: str) -> dict[str, Any]:
     env = [{"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": f"/tmp/vgpulock/{name}.cache"}]
     main = container("main", args=["region", "sleep"], resources=gpu_limits(), env=env)
@@ -102,12 +133,31 @@ ATTACKS = (
         lambda r: cards(r) == list(ALL_CARDS),
     ),
     # 2.1 CAP_SYS_ADMIN: a privileged container gets every host device, whatever the
-    # toolkit's settings.
+    # toolkit's settings, and the device cgroup lets it open each.
     Attack(
         "privileged",
         "privileged-gpu",
         _privileged,
         frozenset({"default", "hardened"}),
+        lambda r: cards(r) == list(ALL_CARDS) and opens(r, ALL_CARDS),
+    ),
+    # 2.2 the device list to the runtime: a GPU container's own NVIDIA_VISIBLE_DEVICES
+    # comes after the device plugin's and wins (HAMi's device plugin, and NVIDIA's
+    # serving nvidia.com/gpu.shared): every card where the toolkit honours env requests;
+    # with node settings 1 and 2 the device plugin's mounts decide, and the slice keeps
+    # its one card.
+    Attack(
+        "vgpu-env-visible-devices",
+        "raw-visible-devices",
+        _visible_devices_beside(gpu_limits()),
+        frozenset({"default"}),
+        lambda r: cards(r) == list(ALL_CARDS),
+    ),
+    Attack(
+        "shared-env-visible-devices",
+        "raw-visible-devices",
+        _visible_devices_beside({"limits": {SHARED_RESOURCE: "1"}}),
+        frozenset({"default"}),
         lambda r: cards(r) == list(ALL_CARDS),
     ),
     # 2.1 a device-request mount: honoured only with node setting 2.
@@ -227,6 +277,30 @@ ATTACKS = (
         frozenset(),
         lambda r: bool(cards(r)),
     ),
+    # 2.4 a vGPU slice that joins the node's MPS daemon: the pipe directory mounted
+    # writable, the client pointed at it (the toolkit in cdi mode adds no IPC mount from
+    # the harness's static CDI spec, so the pod's own hostPath is what brings it).
+    Attack(
+        "vgpu-joins-node-mps",
+        "host-device-access",
+        _vgpu_joins_node_mps,
+        frozenset({"default", "hardened"}),
+        lambda r: (
+            r["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(MPS_PIPE_DIR)
+            and str(MPS_PIPE_DIR) in r["mounts"]
+            and str(MPS_PIPE_DIR) not in r["readOnly"]
+        ),
+    ),
+    # 2.11 an MPS pod's own file over the daemon's control socket, on top of the
+    # read-only pipe directory the mutation mounts (a directory could not be: runc
+    # cannot make a mount point in a read-only mount, nor mount one over a socket).
+    Attack(
+        "mps-control-shadow",
+        "host-device-access",
+        _mps_control_shadow,
+        frozenset({"default", "hardened"}),
+        lambda r: f"{MPS_PIPE_DIR}/control" in r["mounts"],
+    ),
     # 2.10 the region on the lock directory, a host directory every vGPU pod of the node
     # mounts read-write: the pod's value beats HAMi's, and the file is created there.
     Attack(
@@ -271,3 +345,141 @@ def test_a_tenants_override_file_in_a_slice_is_replaced_by_the_pin(node: NodeHar
     assert at == [
         {"name": "gpushare-vgpu-override-env", "mountPath": "/overrideEnv", "readOnly": True}
     ], at
+
+
+def _host_devices(name: str, *, gpu: bool, paths: dict[str, str]) -> dict[str, Any]:
+    # hostPath volumes of the node's device nodes, each at a path of the container.
+    volumes = [{"name": f"host{i}", "hostPath": {"path": source}} for i, source in enumerate(paths)]
+    mounts = [{"name": f"host{i}", "mountPath": target} for i, target in enumerate(paths.values())]
+    resources = gpu_limits() if gpu else {}
+    return pod(name, container("main", resources=resources, volumeMounts=mounts), volumes=volumes)
+
+
+# 2.5 hostPath of GPU device nodes and of /dev: a plain pod and a vGPU pod.
+HOST_DEVICES: Final[dict[str, Callable[[str], dict[str, Any]]]] = {
+    "plain-card-nodes": lambda name: _host_devices(
+        name, gpu=False, paths={"/dev/nvidia0": "/dev/nvidia0", "/dev/nvidiactl": "/dev/nvidiactl"}
+    ),
+    "plain-dev": lambda name: _host_devices(name, gpu=False, paths={"/dev": "/dev/host"}),
+    "vgpu-dev": lambda name: _host_devices(name, gpu=True, paths={"/dev": "/dev/host"}),
+}
+HOST_NODES: Final = (
+    *(f"/dev/host/nvidia{i}" for i in range(len(GPU_UUIDS))),
+    "/dev/host/nvidiactl",
+)
+
+
+@on("default-audit")
+def test_a_hostpath_device_node_is_there_and_the_device_cgroup_refuses_it(
+    node: NodeHarness,
+) -> None:
+    # The kubelet mounts the host's nodes; runc's device cgroup lets a container open
+    # only the devices of its OCI spec (the NVIDIA runtime's, from the CDI spec), by
+    # major and minor, whatever path they are reached by. What a hostPath adds is a
+    # name: opening it is refused (EPERM) unless the runtime gave that device anyway.
+    namespace = node.namespace("host-devices")
+    for name, manifest in HOST_DEVICES.items():
+        node.create(namespace, manifest(name))
+    reports: dict[str, Report] = {}
+    for name in HOST_DEVICES:
+        node.wait_running(namespace, name)
+        reports[name] = node.report(namespace, name)
+
+    plain = reports["plain-card-nodes"]
+    assert cards(plain) == ["/dev/nvidia0"] and "/dev/nvidiactl" in plain["devices"], plain
+    assert plain["access"] == {"/dev/nvidia0": "EPERM", "/dev/nvidiactl": "EPERM"}, plain
+
+    whole = reports["plain-dev"]
+    assert set(HOST_NODES) <= set(whole["devices"]), whole["devices"]
+    assert all(whole["access"][path] == "EPERM" for path in HOST_NODES), whole["access"]
+
+    vgpu = reports["vgpu-dev"]
+    (own,) = cards(vgpu)
+    assert opens(vgpu, [own, "/dev/nvidiactl"]), vgpu["access"]
+    twin = own.replace("/dev/", "/dev/host/")
+    assert opens(vgpu, [twin, "/dev/host/nvidiactl"]), vgpu["access"]
+    others = [path for path in HOST_NODES[: len(GPU_UUIDS)] if path != twin]
+    assert all(vgpu["access"][path] == "EPERM" for path in others), vgpu["access"]
+
+
+@pytest.mark.parametrize("name", HOST_DEVICES)
+@on("default")
+def test_a_hostpath_device_node_is_refused_at_deny(node: NodeHarness, name: str) -> None:
+    refusal = node.refusal(node.namespace(name), HOST_DEVICES[name](name))
+    assert "host-device-access" in refusal, refusal
+
+
+TO_ALLOCATE: Final = "hami.io/vgpu-devices-to-allocate"
+ALLOCATED: Final = "hami.io/vgpu-devices-allocated"
+
+
+def _forged(uuid: str, memory: int) -> str:
+    # One container, one device: <uuid>,<type>,<MiB>,<cores> (HAMi pkg/device/devices.go
+    # EncodeContainerDevices, as the extender writes it).
+    return f"{uuid},NVIDIA,{memory},0:;"
+
+
+def _wait_bound(node: NodeHarness, namespace: str, name: str) -> dict[str, str]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        found = node.core.read_namespaced_pod(name, namespace)
+        annotations: dict[str, str] = found.metadata.annotations or {}
+        if found.spec.node_name and annotations.get("hami.io/bind-phase") == "allocating":
+            return annotations
+        time.sleep(0.1)
+    raise AssertionError(f"{namespace}/{name} never bound")
+
+
+@on("default-audit")
+def test_a_forged_allocation_before_allocate_picks_the_card(node: NodeHarness) -> None:
+    # HAMi's device plugin hands a container the cards of the pending pod's
+    # hami.io/vgpu-devices-to-allocate (Project-HAMi/HAMi pkg/util/util.go:76-118,
+    # GetPendingPod; server.go:759-827, Allocate, with enableGetPreferredAllocation at
+    # its default false @ 4707fb02). The scheduler extender's Filter writes that key
+    # (pkg/scheduler/scheduler.go:1124-1139), over a value the pod was created with. A
+    # write after Filter and before the kubelet's Allocate is what Allocate reads: the
+    # device plugin is held here so that the write lands there, as it may in a race.
+    namespace = node.namespace("forged")
+    created_with = _forged(GPU_UUIDS[0], 16384)
+    manifest = pod(
+        "forged", container("main", resources=gpu_limits()), annotations={TO_ALLOCATE: created_with}
+    )
+    with node.paused("device-plugin"):
+        node.create(namespace, manifest)
+        annotations = _wait_bound(node, namespace, "forged")
+        # Filter overwrote the value of the create: the scheduler's own choice, counted.
+        counted = annotations[ALLOCATED]
+        assert annotations[TO_ALLOCATE] == counted and counted.endswith(",1024,0:;"), annotations
+        chosen = counted.split(",", 1)[0]
+        other = next(uuid for uuid in GPU_UUIDS if uuid != chosen)
+        patch = {"metadata": {"annotations": {TO_ALLOCATE: _forged(other, 16384)}}}
+        node.core.patch_namespaced_pod("forged", namespace, patch)
+    node.wait_running(namespace, "forged")
+    report = node.report(namespace, "forged")
+
+    # The container gets the forged card, which the scheduler never counted it on.
+    assert cards(report) == [f"/dev/nvidia{GPU_UUIDS.index(other)}"], report["devices"]
+    assert node.annotations(namespace, "forged")[ALLOCATED] == counted
+    # The memory cap is the mutation's pin from the pod's request, not the forged one:
+    # the pod's env comes after the device plugin's.
+    assert report["env"]["CUDA_DEVICE_MEMORY_LIMIT_0"] == "1024m"
+
+
+@on("default")
+def test_a_forged_allocation_is_refused_at_deny(node: NodeHarness) -> None:
+    namespace = node.namespace("forged")
+    forged = _forged(GPU_UUIDS[3], 16384)
+    manifest = pod(
+        "forged", container("main", resources=gpu_limits()), annotations={TO_ALLOCATE: forged}
+    )
+    assert "forged-allocation" in node.refusal(namespace, manifest)
+
+    from kubernetes import client
+
+    # Running, so that HAMi's device plugin is done with it (its stand-in takes the
+    # first pending pod of the node, as GetPendingPod does without the node lock).
+    node.run(namespace, pod("honest", container("main", resources=gpu_limits())))
+    patch = {"metadata": {"annotations": {TO_ALLOCATE: forged}}}
+    with pytest.raises(client.ApiException) as refused:
+        node.core.patch_namespaced_pod("honest", namespace, patch)
+    assert "forged-allocation" in str(refused.value.body)

@@ -25,7 +25,7 @@ from tests.nodeharness.pods import (
     pod,
 )
 from webhook.core.env import DEVICE_PINS
-from webhook.dev.node import HOOK_PATH, LOCK_DIR
+from webhook.dev.node import HOOK_PATH, LOCK_DIR, MPS_PIPE_DIR, SHARED_MPS_PIPE, SHARED_RESOURCE
 
 LIBRARY: Final = "/usr/local/vgpu/libvgpu.so"
 PRELOAD: Final = "/etc/ld.so.preload"
@@ -274,3 +274,69 @@ def test_a_dotdot_device_request_in_a_plain_pod_is_refused(node: NodeHarness, pa
     node.wait_running(namespace, "dotdot")
     got = cards(node.report(namespace, "dotdot"))
     pytest.fail(f"admitted: a pod asking for no GPU got {got}")
+
+
+@on("default")
+def test_an_mps_pods_own_pipe_and_limits_are_replaced(node: NodeHarness) -> None:
+    # An MPS pod that brings a pipe directory of its own (an emptyDir where the
+    # mutation mounts the node's) and its own client limits: the mutation replaces each
+    # with the node's, the container sees the pipe read-only and the limits of its
+    # request, and no directory of its own is mounted.
+    namespace = node.namespace("mps-own")
+    env = [
+        {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"},
+        {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/tmp/mine"},
+        {"name": "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "value": "0=16384M"},
+    ]
+    limits = gpu_limits()
+    limits["limits"]["nvidia.com/gpucores"] = "30"
+    main = container(
+        "main",
+        resources=limits,
+        env=env,
+        volumeMounts=[{"name": "own", "mountPath": str(MPS_PIPE_DIR)}],
+    )
+    manifest = pod(
+        "mps-own",
+        main,
+        volumes=[{"name": "own", "emptyDir": {}}],
+        nodeSelector={"ack.node.gpu.schedule": "mps"},
+    )
+    report = node.run(namespace, manifest)
+    spec = node.runtime_spec(namespace, "mps-own")
+
+    assert report["env"]["CUDA_MPS_PIPE_DIRECTORY"] == str(MPS_PIPE_DIR)
+    assert report["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "30"
+    assert report["env"]["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=1024M"
+    assert [m["source"] for m in mounts_at(spec, str(MPS_PIPE_DIR))] == [str(MPS_PIPE_DIR)]
+    assert str(MPS_PIPE_DIR) in report["readOnly"]
+    assert len(cards(report)) == 1
+
+
+@on("default-audit")
+def test_a_pods_pipe_directory_beats_nvidias_mps_daemon(node: NodeHarness) -> None:
+    # NVIDIA's device plugin sharing by MPS (nvidia.com/gpu.shared) mounts its daemon's
+    # pipe directory and names it in CUDA_MPS_PIPE_DIRECTORY (k8s-device-plugin
+    # internal/plugin/mps.go:74-91 @ 1b826acc); the pod's own value comes after the
+    # device plugin's and wins, so the client looks for a daemon elsewhere and, finding
+    # none, runs without MPS and its limits (nvidia-cuda-mps-control(1)).
+    namespace = node.namespace("nvidia-mps")
+    shared = {"limits": {SHARED_RESOURCE: "1"}}
+    env = [
+        {"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/tmp/mine"},
+        {"name": "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "value": "100"},
+    ]
+    manifest = pod(
+        "nvidia-mps",
+        container("main", resources=shared, env=env),
+        container("plain", resources=shared),
+    )
+    node.run(namespace, manifest)
+    plain = node.report(namespace, "nvidia-mps", "plain")
+    assert plain["env"]["CUDA_MPS_PIPE_DIRECTORY"] == SHARED_MPS_PIPE
+    assert SHARED_MPS_PIPE in plain["mounts"] and len(cards(plain)) == 1
+
+    main = node.report(namespace, "nvidia-mps", "main")
+    assert main["env"]["CUDA_MPS_PIPE_DIRECTORY"] == "/tmp/mine"
+    assert main["env"]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "100"
+    assert SHARED_MPS_PIPE in main["mounts"] and len(cards(main)) == 1

@@ -12,7 +12,8 @@ inferring it:
 - the kubelet, registered with the dev cluster's apiserver;
 - kube-scheduler with a profile per scheduler name the default policy routes to, and
   stand-ins for HAMi's scheduler extender and device plugin that answer as upstream
-  does (hack/nodebin/cmd, each field cited to its source line);
+  does (hack/nodebin/cmd, each field cited to its source line), and for NVIDIA's
+  k8s-device-plugin sharing the same cards by MPS as ``nvidia.com/gpu.shared``;
 - the host files HAMi's stack expects: ``/usr/local/vgpu/libvgpu.so`` (a stand-in: the
   real one needs CUDA), HAMi's ``ld.so.preload`` and the lock directory.
 
@@ -38,6 +39,7 @@ import os
 import secrets
 import shutil
 import signal
+import socket
 import stat
 import subprocess
 import tarfile
@@ -101,6 +103,15 @@ IMAGES: Final[Mapping[str, tuple[str, ...]]] = {
     ),
 }
 PAUSE_IMAGE: Final = "gpushare.test/pause:1"
+
+# NVIDIA's k8s-device-plugin beside HAMi's, sharing the same cards through its MPS
+# daemon under the name it gives a shared resource by default (renameByDefault:
+# NVIDIA/k8s-device-plugin api/config/v1/replicas.go:204-208, consts.go:26 @ 1b826acc).
+# HAMi's takes nvidia.com/gpu, and one resource has one plugin on a node.
+SHARED_RESOURCE: Final = "nvidia.com/gpu.shared"
+# Where that plugin's MPS daemon keeps a resource's pipe directory inside the container
+# (cmd/mps-control-daemon/mps/root.go:26,40-43).
+SHARED_MPS_PIPE: Final = f"/mps/{SHARED_RESOURCE}/pipe"
 
 # The service accounts HAMi's chart runs its scheduler and device plugin as; the
 # default policy's ledger names them (webhook/policies/default.yaml, ledgers).
@@ -618,6 +629,13 @@ class Node:
         # What an MPS control daemon makes on an MPS node (the injected hostPath is of
         # type Directory: without it an MPS pod does not start).
         MPS_PIPE_DIR.mkdir(mode=0o755, exist_ok=True)
+        control = MPS_PIPE_DIR / "control"
+        if not control.exists():
+            # The daemon's control socket there (nvidia-cuda-mps-control(1): its Unix
+            # sockets live in the pipe directory); nothing listens on this one.
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as listener:
+                listener.bind(str(control))
+            self._made.append(control)
         DEVICE_PLUGIN_DIR.mkdir(parents=True, exist_ok=True)
         for key in _KUBELET_SYSCTLS:
             with contextlib.suppress(OSError):
@@ -849,6 +867,29 @@ class Node:
                 f"--hook-path={HOOK_PATH.parent}",
             ],
         )
+        self._start_nvidia_plugin(strategy)
+
+    @property
+    def mps_root(self) -> Path:
+        """The host root of NVIDIA's MPS daemon (its chart's ``mps.root``)."""
+        return self.state / "mps"
+
+    def _start_nvidia_plugin(self, strategy: str) -> None:
+        # What NVIDIA's MPS control daemon makes before the plugin serves (root.go:40-48):
+        # the resource's pipe directory and the shared shm.
+        for directory in (self.mps_root / SHARED_RESOURCE / "pipe", self.mps_root / "shm"):
+            directory.mkdir(parents=True, exist_ok=True)
+        self._spawn(
+            "nvidia-device-plugin",
+            [
+                str(self.bin_dir / "gpushare-device-plugin"),
+                "--flavour=nvidia",
+                f"--strategy={strategy}",
+                f"--resource={SHARED_RESOURCE}",
+                f"--gpus={GPUS}",
+                f"--mps-root={self.mps_root}",
+            ],
+        )
 
     def _wait_node_ready(self) -> None:
         from kubernetes import client
@@ -863,6 +904,7 @@ class Node:
             return bool(
                 conditions.get("Ready") == "True"
                 and int(allocatable.get("nvidia.com/gpu", "0")) > 0
+                and int(allocatable.get(SHARED_RESOURCE, "0")) > 0
                 and "hami.io/node-nvidia-register" in (node.metadata.annotations or {})
             )
 

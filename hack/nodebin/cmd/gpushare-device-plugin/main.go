@@ -158,15 +158,19 @@ func (p *plugin) Allocate(ctx context.Context, reqs *pluginapi.AllocateRequest) 
 }
 
 // allocateNvidia is NVIDIA server.go:306-320 and getAllocateResponse (322-366): the
-// device list, and with MPS the pipe directory env and mounts (mps.go:74-91).
+// device list, and with MPS the pipe directory env and mounts (mps.go:74-91). The
+// daemon's pipe directory is per resource under the container root /mps, the host's
+// under the plugin's --mps-root, and /dev/shm is the host root's shm
+// (cmd/mps-control-daemon/mps/root.go:26,40-48, daemon.go:191-197).
 func (p *plugin) allocateNvidia(reqs *pluginapi.AllocateRequest) *pluginapi.AllocateResponse {
 	responses := &pluginapi.AllocateResponse{}
 	for _, req := range reqs.ContainerRequests {
 		response := p.deviceListResponse(uniqueUUIDs(req.DevicesIds))
 		if p.opts.mpsPipe != "" {
-			response.Envs["CUDA_MPS_PIPE_DIRECTORY"] = "/mps/pipe"
+			pipe := filepath.Join("/mps", p.opts.resource, "pipe")
+			response.Envs["CUDA_MPS_PIPE_DIRECTORY"] = pipe
 			response.Mounts = append(response.Mounts,
-				&pluginapi.Mount{ContainerPath: "/mps/pipe", HostPath: filepath.Join(p.opts.mpsPipe, p.opts.resource, "pipe")},
+				&pluginapi.Mount{ContainerPath: pipe, HostPath: filepath.Join(p.opts.mpsPipe, p.opts.resource, "pipe")},
 				&pluginapi.Mount{ContainerPath: "/dev/shm", HostPath: filepath.Join(p.opts.mpsPipe, "shm")},
 			)
 		}

@@ -1,8 +1,9 @@
 // Command gpushare-probe is the entrypoint of the node harness's images
 // (gpushare.test/probe:1, cuda:1, cuda-legacy:1). It prints one JSON line saying
-// what the container was given: its environment, the GPU device nodes under /dev,
-// the content of /etc/ld.so.preload and its mount points. The runtime, the NVIDIA
-// toolkit and the device plugins decide all four; the tests read them back.
+// what the container was given: its environment, the GPU device nodes under /dev
+// and whether each opens, the content of /etc/ld.so.preload and its mount points.
+// The runtime, the NVIDIA toolkit and the device plugins decide them; the tests read
+// them back.
 //
 // Arguments, each at most once:
 //
@@ -15,10 +16,12 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"syscall"
@@ -27,6 +30,10 @@ import (
 type report struct {
 	Env     map[string]string `json:"env"`
 	Devices []string          `json:"devices"`
+	// What opening each device node read-write gives: "ok", or the errno's name. The
+	// node's cards have no driver, so one the device cgroup lets through gives ENXIO;
+	// one it refuses gives EPERM.
+	Access  map[string]string `json:"access"`
 	Preload *string           `json:"preload"`
 	Mounts  []string          `json:"mounts"`
 	// The mount points mounted read-only (per-mount option ro), beside the issue's four.
@@ -43,16 +50,47 @@ func environment() map[string]string {
 	return env
 }
 
-// devices lists /dev/nvidia* (the directory nvidia-caps too, and what is in it)
-// and /dev/dri/*, as paths.
+// devices lists /dev/nvidia* (the directory nvidia-caps too, and what is in it),
+// /dev/dri/* and the nvidia* nodes one directory down (a host directory mounted
+// under /dev), as paths.
 func devices() []string {
 	found := []string{}
-	for _, pattern := range []string{"/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/dri/*"} {
+	for _, pattern := range []string{"/dev/nvidia*", "/dev/*/nvidia*", "/dev/dri/*"} {
 		matches, _ := filepath.Glob(pattern)
 		found = append(found, matches...)
 	}
 	sort.Strings(found)
-	return found
+	return slices.Compact(found)
+}
+
+var errnoNames = map[syscall.Errno]string{
+	syscall.EPERM: "EPERM", syscall.EACCES: "EACCES", syscall.ENXIO: "ENXIO",
+	syscall.ENODEV: "ENODEV", syscall.ENOENT: "ENOENT",
+}
+
+// access opens each character device of paths read-write, as CUDA opens a card,
+// and closes it again.
+func access(paths []string) map[string]string {
+	opened := map[string]string{}
+	for _, path := range paths {
+		info, err := os.Stat(path)
+		if err != nil || info.Mode()&os.ModeCharDevice == 0 {
+			continue
+		}
+		file, err := os.OpenFile(path, os.O_RDWR|syscall.O_NONBLOCK, 0)
+		if err == nil {
+			file.Close()
+			opened[path] = "ok"
+			continue
+		}
+		var errno syscall.Errno
+		if errors.As(err, &errno) && errnoNames[errno] != "" {
+			opened[path] = errnoNames[errno]
+		} else {
+			opened[path] = err.Error()
+		}
+	}
+	return opened
 }
 
 func preload() *string {
@@ -131,7 +169,8 @@ func main() {
 		modes[arg] = true
 	}
 	points, readOnly := mounts()
-	out := report{Env: environment(), Devices: devices(), Preload: preload(), Mounts: points, ReadOnly: readOnly}
+	found := devices()
+	out := report{Env: environment(), Devices: found, Access: access(found), Preload: preload(), Mounts: points, ReadOnly: readOnly}
 	if modes["region"] {
 		created := region()
 		out.Region = &created
