@@ -463,6 +463,29 @@ def test_cdi_annotation_added_by_update_is_refused(value: str, base: bool, user:
     assert_refused(update(old, new, user=user), "host-device-access")
 
 
+# Keys a node component reads device requests from besides cdi.k8s.io/: the NVIDIA
+# toolkit's NRI plugin reads its domain as a bare key too (containerd/nri
+# GetEffectiveAnnotation falls back to the key itself; nvidia-container-toolkit
+# cmd/nvidia-ctk-installer/container/runtime/nri/plugin.go:42,85,105 @ d34b3046) and the
+# node-resource CDI keys (its nodeResourceCDIDeviceKey, containerd's device injector).
+NRI_CDI_KEYS: Final = (
+    "nvidia.cdi.k8s.io",
+    "cdi.k8s.io",
+    "cdi-devices.noderesource.dev/container.app",
+    "cdi-devices.noderesource.dev/pod",
+    "cdi-devices.nri.io",
+)
+
+
+@pytest.mark.parametrize("key", NRI_CDI_KEYS)
+@pytest.mark.parametrize(
+    "base", [pytest.param(True, id="gpu-pod"), pytest.param(False, id="plain-pod")]
+)
+def test_nri_device_annotations_are_refused(key: str, base: bool) -> None:
+    obj = pod(gpu() if base else container("app"), annotations={key: "nvidia.com/gpu=all"})
+    assert_refused(review(obj), "host-device-access")
+
+
 def test_cdi_annotation_changed_to_nvidia_devices_is_refused() -> None:
     # Stored under a policy from before any CDI key was refused (an update is judged by
     # what it adds: the value it changes).

@@ -489,7 +489,9 @@ def test_annotations_runtimes_leave_alone_are_admitted() -> None:
         "prometheus.io/scrape": "true",
         "io.kubernetes.cri-o.userns-mode": "auto",
         "kubectl.kubernetes.io/default-container": "app",
-        "cdi.k8s.io": "a key without the slash is not read",
+        # Read by no runtime or NRI plugin; a key holding cdi.k8s.io, with or without a
+        # slash, is refused (the NVIDIA toolkit's NRI plugin reads nvidia.cdi.k8s.io bare).
+        "cdi.example.com": "not a CDI key",
         # CRI-O looks its key up exactly (GetAnnotationValue).
         "devices.crio.io/app": "/dev/nvidia0",
     }

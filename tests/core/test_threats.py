@@ -438,6 +438,22 @@ def test_ledger_annotations_are_reserved_at_create(
     assert_refused(review(annotated(base, {key: value}), policy or ack_mps()), "forged-allocation")
 
 
+# HAMi's scheduler decodes every vendor's allocated key for every pod, and leaves a pod
+# whose value does not decode out of its ledger (HAMi pkg/scheduler/scheduler.go:160-164
+# @ 4707fb02); Kunlun's has no -devices- in its name (hami.io/kunlun-allocated).
+@pytest.mark.parametrize(
+    "value", ["forged", "GPU-1,NVIDIA,-80000,-100:;"], ids=["undecodable", "negative"]
+)
+def test_a_vendors_allocated_key_is_hamis_ledger(value: str) -> None:
+    old = stored(pod(gpu()))
+    assert_refused(
+        update(old, annotated(old, {"hami.io/kunlun-allocated": value})), "forged-allocation"
+    )
+    assert_refused(
+        review(annotated(pod(gpu()), {"hami.io/kunlun-allocated": value})), "forged-allocation"
+    )
+
+
 @pytest.mark.parametrize("change", ["add", "move", "remove"])
 def test_tenant_moving_the_ack_index_is_refused(change: str) -> None:
     old = stored(ACK_POD)

@@ -525,6 +525,32 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         },
         "host-device-access",
     ),
+    # The NVIDIA toolkit's NRI plugin reads its domain as a bare key too.
+    "nri-bare-cdi-key": (
+        {
+            **_pod("p", _c(gpu=False)),
+            "metadata": {"name": "p", "annotations": {"nvidia.cdi.k8s.io": "nvidia.com/gpu=all"}},
+        },
+        "host-device-access",
+    ),
+    "nri-cdi-devices": (
+        {
+            **_pod("p", _c(gpu=False)),
+            "metadata": {
+                "name": "p",
+                "annotations": {"cdi-devices.noderesource.dev/pod": "nvidia.com/gpu=all"},
+            },
+        },
+        "host-device-access",
+    ),
+    # HAMi's scheduler decodes every vendor's allocated key for every pod.
+    "hami-vendor-ledger": (
+        {
+            **_pod("p", _c()),
+            "metadata": {"name": "p", "annotations": {"hami.io/kunlun-allocated": "x"}},
+        },
+        "forged-allocation",
+    ),
     # The threat model's families (docs/threat-model.md).
     "sys-admin": (
         _pod("p", _c(), initContainers=[_c("i", gpu=False, securityContext=_caps("sys_admin"))]),

@@ -93,7 +93,13 @@ def test_policy_vocabulary_is_in_the_conditions() -> None:
     # Exact reserved keys the default's hami.io/ prefix does not cover.
     assert '"example.io/node"' in expression
     assert "oldObject.metadata.annotations" in expression
-    for fixed in ("CUDA_VERSION", "NVIDIA_", "nvidia-container-devices", "cdi.k8s.io/"):
+    for fixed in (
+        "CUDA_VERSION",
+        "NVIDIA_",
+        "nvidia-container-devices",
+        "cdi.k8s.io",
+        "cdi-devices.",
+    ):
         assert fixed in expression
 
 

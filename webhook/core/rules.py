@@ -829,10 +829,17 @@ def _device_findings(
             )
 
 
-# Any *cdi.k8s.io/ key: the NVIDIA runtime's cdi mode reads the keys under its
+# Any key containing cdi.k8s.io: the NVIDIA runtime's cdi mode reads the keys under its
 # annotation-prefixes (cdi.k8s.io/ by default, nvidia.cdi.k8s.io/ under the GPU Operator)
-# and gives a bare device name its default kind, so "all" is nvidia.com/gpu=all.
-CDI_MARK: Final = "cdi.k8s.io/"
+# and gives a bare device name its default kind, so "all" is nvidia.com/gpu=all; the
+# toolkit's NRI plugin reads its domain as a bare key too, where containerd/nri's
+# GetEffectiveAnnotation finds no /container.<name> or /pod form
+# (nvidia-container-toolkit cmd/nvidia-ctk-installer/container/runtime/nri/plugin.go:42,
+# 85,105 @ d34b3046).
+CDI_MARK: Final = "cdi.k8s.io"
+# Keys starting so are CDI device requests to NRI plugins: the toolkit's
+# (nodeResourceCDIDeviceKey, nriCDIDeviceKey) and containerd's device injector.
+CDI_PREFIXES: Final = ("cdi-devices.noderesource.dev", "cdi-devices.nri.io")
 # CRI-O's devices annotation (cri-o pkg/annotations/v2: Devices and the deprecated
 # V1Devices), read from the sandbox's annotations for every container it creates.
 CRIO_DEVICE_KEYS: Final = ("devices.crio.io", "io.kubernetes.cri-o.Devices")
@@ -860,7 +867,7 @@ def _cdi_findings(subject: Subject, policy: Policy) -> Iterator[Finding]:
     for key, value in annotations.items():
         if not isinstance(key, str):
             continue
-        if mark in key:
+        if mark in key or key.startswith(CDI_PREFIXES):
             yield Finding(
                 "host-device-access",
                 f"annotation {key}={quoted(value)} asks the container runtime for CDI devices "

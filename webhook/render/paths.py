@@ -17,6 +17,7 @@ from webhook.core.injection import injection_for
 from webhook.core.policy import Policy, normalised
 from webhook.core.rules import (
     CDI_MARK,
+    CDI_PREFIXES,
     CONFIG_ROOTS,
     CRIO_DEVICE_KEYS,
     DEVICE_PARENTS,
@@ -228,13 +229,14 @@ def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotatio
 
 
 def _runtime_annotations(policy: Policy, annotations: str) -> str:
-    """``rules._cdi_findings``: any ``cdi.k8s.io/`` key, CRI-O's devices annotation naming
+    """``rules._cdi_findings``: any CDI key, CRI-O's devices annotation naming
     a device off the policy's list (entries as ``rules.unlisted_devices`` splits them),
     a key with one of the policy's refused prefixes."""
     allowed = strings(sorted(policy.annotation_devices))
     crio = f"k in {strings(CRIO_DEVICE_KEYS)}"
     terms = [
         f"k.contains({literal(CDI_MARK)})",
+        *(f"k.startsWith({literal(p)})" for p in CDI_PREFIXES),
         f"({crio}) && string({annotations}[k]).split(',').exists(e, e != '' && "
         f"(e.split(':').size() > 3 || !(e.split(':')[0] in {allowed})))",
     ]

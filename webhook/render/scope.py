@@ -33,7 +33,7 @@ condition that catches it:
   a mount whose path contains the last component of a path the GPU stack reads inside
   the container (``rules.read_paths``: ``ld.so.preload``, ``overrideEnv``, ``vgpu``,
   ``nvidia-container-devices``, ...); a mount or volume with a name the mutation
-  injects; an annotation key containing ``cdi.k8s.io/``, or starting with CRI-O's
+  injects; an annotation key containing ``cdi.k8s.io`` or starting with an NRI plugin's CDI key, or starting with CRI-O's
   devices keys or one of the policy's ``runtimeAnnotations.refusedPrefixes``.
 - forged-allocation: an annotation key that may match a reserved glob of the policy
   (each glob cut at its first wildcard: a key prefix), on the object and, for a pod
@@ -58,7 +58,7 @@ from typing import Final, TypedDict
 
 from webhook.core.env import DEVICE_PREFIXES
 from webhook.core.policy import DEVICE_CLASS_RESOURCE, Policy
-from webhook.core.rules import CDI_MARK, CRIO_DEVICE_KEYS, mount_marks
+from webhook.core.rules import CDI_MARK, CDI_PREFIXES, CRIO_DEVICE_KEYS, mount_marks
 from webhook.core.workload import KINDS_BY_PATH
 from webhook.render.cel import any_of, literal, printed, strings
 from webhook.render.pod import CUDA_VERSION, INJECTED_VOLUMES, container_list, names_test
@@ -176,7 +176,9 @@ def _annotation_test(policy: Policy, metadata: str) -> str:
         # A glob that starts with a wildcard can match any key.
         return f"has({metadata}.annotations) && size({metadata}.annotations) > 0"
     terms = [f"k.contains({literal(CDI_MARK)})"]
-    keys = sorted({*CRIO_DEVICE_KEYS, *policy.refused_annotation_prefixes, *prefixes})
+    keys = sorted(
+        {*CRIO_DEVICE_KEYS, *CDI_PREFIXES, *policy.refused_annotation_prefixes, *prefixes}
+    )
     terms.extend(f"k.startsWith({literal(p)})" for p in keys)
     if exact:
         terms.append(f"k in {strings(exact)}")

@@ -51,7 +51,7 @@ tests/e2e/test_celpolicy.py compares the two on generated objects):
   stack reads inside the container (``rules.read_paths``: /etc/ld.so.preload,
   /overrideEnv, /usr/local/vgpu, the lock and MPS pipe directories, the policy's
   containerPaths.protected) that are not a mount the mutation injects into this pod, of
-  the volume it injects; any ``cdi.k8s.io/`` annotation key, CRI-O's devices annotation
+  the volume it injects; any CDI annotation key, CRI-O's devices annotation
   naming a device off runtimeAnnotations.allowedDevices, and a key with one of its
   refusedPrefixes. Paths are compared after dropping ``//``, ``.``
   and trailing slashes (strings' split/join), as the core's normalisation does: the
