@@ -703,11 +703,13 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         "reinvocationPolicy": "IfNeeded",
         "variables": shared,
         "mutations": [
-            # What the others replace, read on the object as it came: a mutation of its
-            # own, as each has its own cost budget (a large pod's removals take much of
-            # theirs); it scans names first, as the removals do.
-            {"patchType": "JSONPatch", "jsonPatch": {"expression": unbind(_record(policy))}},
-            {"patchType": "JSONPatch", "jsonPatch": {"expression": unbind(patch)}},
+            # The record of what the apply replaces, then the removals, both read on the
+            # object as it came: one JSONPatch, as the apiserver encodes, patches and
+            # decodes the whole object for each JSONPatch mutation, empty or not.
+            {
+                "patchType": "JSONPatch",
+                "jsonPatch": {"expression": unbind(f"({_record(policy)}) + ({patch})")},
+            },
             {
                 "patchType": "ApplyConfiguration",
                 "applyConfiguration": {
