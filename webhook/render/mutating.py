@@ -672,22 +672,25 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
             rule["operations"] = ["CREATE"]
     shared = mutation_variables(policy)
     exemptions = exemption_conditions(policy)
+    # A matchCondition binds no variables: the pod spec (or template's) is bound once
+    # here, by a one-element list, instead of dispatched on the kind per container list.
     spec_of = template("object", "spec")
-    containers = container_list(f"({spec_of})")
-    gpu = gpu_test(policy, f"({containers})", inline=True)
+    containers = f"({container_list('s')})"
+    gpu = gpu_test(policy, containers, inline=True)
     # The env scan first: most GPU pods name no NVIDIA env, and then the GPU test (the
     # longer one) is never evaluated.
     nvidia = (
-        f"({containers}).exists(c, has(c.env) && "
+        f"{containers}.exists(c, has(c.env) && "
         "c.env.exists(e, e.name == 'CUDA_VERSION' || e.name.startsWith('NVIDIA_')))"
     )
     if policy.gpu_runtime_classes:
         # mutation.needs_void: under a GPU runtime class every container without a GPU.
-        runtime = f"has(({spec_of}).runtimeClassName) && " + (
-            f"({spec_of}).runtimeClassName in {strings(sorted(policy.gpu_runtime_classes))}"
+        runtime = "has(s.runtimeClassName) && " + (
+            f"s.runtimeClassName in {strings(sorted(policy.gpu_runtime_classes))}"
         )
         nvidia = f"({runtime}) || {nvidia}"
-    nvidia = f"({nvidia}) && !({gpu})"
+    nvidia = f"[{spec_of}].exists(s, ({nvidia}) && !({gpu}))"
+    gpu = f"[{spec_of}].exists(s, {gpu})"
     removals = _by_mode(
         {
             "vgpu": f"(variables.library ? {_removals(policy, 'vgpu')} : [])",
