@@ -19,7 +19,8 @@ from tests.core.strategies import attacked_objects, objects
 from tests.e2e.rest import sendable
 from tests.render import celeval
 from tests.render.admitted import Refused, admitted
-from tests.render.test_cel_equality import POLICY, _draw_all, _runtime_classes
+from tests.e2e.test_celpolicy import POLICY
+from tests.render.test_cel_equality import _draw_all, _runtime_classes
 from webhook.core.mutation import needs_void
 from webhook.core.resources import read_pod
 from webhook.core.workload import find_pod
@@ -58,12 +59,12 @@ def _pod(*containers: Obj, **spec: Any) -> tuple[str, Obj]:
     }
 
 
-def _container(name: str, *, env: tuple[str, ...] = (), **limits: str) -> Obj:
+def _container(name: str, *, env: tuple[str, ...] = (), limits: Obj | None = None) -> Obj:
     container: Obj = {"name": name, "image": "cuda"}
     if env:
         container["env"] = [{"name": e, "value": "all"} for e in env]
     if limits:
-        container["resources"] = {"limits": {k.replace("_", "/", 1): v for k, v in limits.items()}}
+        container["resources"] = {"limits": limits}
     return container
 
 
@@ -73,10 +74,10 @@ VOID_CASES: Final = (
     _pod(_container("a", env=("CUDA_VERSION",))),
     _pod(_container("a"), _container("b", env=("NVIDIA_DRIVER_CAPABILITIES",))),
     _pod(_container("a"), runtimeClassName="nvidia"),
-    _pod(_container("a", **{"nvidia.com_gpu": "0"}), runtimeClassName="nvidia-cdi"),
-    _pod(_container("a", env=("NVIDIA_VISIBLE_DEVICES",), **{"nvidia.com_gpu": "0"})),
-    _pod(_container("a", **{"nvidia.com_gpu": "0", "nvidia.com_gpumem": "3000"})),
-    _pod(_container("a", env=("NVIDIA_VISIBLE_DEVICES",), **{"nvidia.com_gpu": "1"})),
+    _pod(_container("a", limits={"nvidia.com/gpu": "0"}), runtimeClassName="nvidia-cdi"),
+    _pod(_container("a", env=("NVIDIA_VISIBLE_DEVICES",), limits={"nvidia.com/gpu": "0"})),
+    _pod(_container("a", limits={"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"})),
+    _pod(_container("a", env=("NVIDIA_VISIBLE_DEVICES",), limits={"nvidia.com/gpu": "1"})),
     _pod(_container("a"), runtimeClassName="kata"),
 )
 
