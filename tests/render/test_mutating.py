@@ -17,9 +17,9 @@ from hypothesis import strategies as st
 
 from tests.core.strategies import attacked_objects, objects
 from tests.e2e.rest import sendable
+from tests.e2e.test_celpolicy import POLICY
 from tests.render import celeval
 from tests.render.admitted import Refused, admitted
-from tests.e2e.test_celpolicy import POLICY
 from tests.render.test_cel_equality import _draw_all, _runtime_classes
 from webhook.core.mutation import needs_void
 from webhook.core.resources import read_pod
