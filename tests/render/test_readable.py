@@ -81,7 +81,6 @@ STILL_OVER: Final = frozenset(
         "gpushare-deny.variables[mainAsks].expression",
         "gpushare-deny.variables[scheduler].expression",
         "gpushare-deny.variables[whole].expression",
-        "gpushare-mutate.mutations[0].jsonPatch.expression",
         "gpushare-mutate.mutations[1].applyConfiguration.expression",
         "gpushare-mutate.variables[chosenMode].expression",
         "gpushare-mutate.variables[scheduler].expression",
