@@ -84,7 +84,6 @@ STILL_OVER: Final = frozenset(
         "gpushare-mutate.mutations[1].applyConfiguration.expression",
         "gpushare-mutate.variables[chosenMode].expression",
         "gpushare-mutate.variables[scheduler].expression",
-        "gpushare-mutate.variables[wants].expression",
         "gpushare-mutate.variables[whole].expression",
         "webhook[gpushare.io/cluster-view].expression",
         "webhook[gpushare.io/gpu-relevant].expression",

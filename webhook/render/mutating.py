@@ -60,7 +60,7 @@ from webhook.core.env import VISIBLE_DEVICES
 from webhook.core.finding import HIDDEN
 from webhook.core.injection import LIBRARY_PATH, MODE_ANNOTATION, injection_for
 from webhook.core.mutation import UNREPORTED, VOID
-from webhook.core.policy import DEFAULT_SCHEDULER, Policy
+from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
 from webhook.core.resources import KIND_LABELS, MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
 from webhook.core.whole import REQUIRED
 from webhook.render.admission import (
@@ -200,9 +200,15 @@ def _vgpu_wants(policy: Policy) -> str:
         "lists.range(g).map(i, {'name': 'CUDA_DEVICE_SM_LIMIT_' + string(i), "
         "'value': string(k)}) : [])"
     )
-    # The switches are pinned unless the container already loosens one: the mutating
-    # webhook refuses that before it mutates, so here the user's value stays for the
-    # limit-tampering validation to refuse (pinned over, the pod would be admitted).
+    parts.append("variables.vgpuSwitches[c.name]")
+    return " + ".join(parts)
+
+
+def _vgpu_switches(policy: Policy) -> str:
+    """The last of ``mutation.wanted_env`` of a vGPU container ``c``: its switches,
+    pinned unless it already loosens one (the mutating webhook refuses that before it
+    mutates, so here the user's value stays for the limit-tampering validation to
+    refuse: pinned over, the pod would be admitted), and its priority."""
     switches = (
         _entry(
             "GPU_CORE_UTILIZATION_POLICY",
@@ -215,11 +221,11 @@ def _vgpu_wants(policy: Policy) -> str:
             f"cel.bind(o, {_current('ACTIVE_OOM_KILLER')}, o in ['true', '1'] ? o : 'true')",
         ),
     )
-    loose = f"has(c.env) && c.env.exists(e, {loosening(policy, 'e')})"
-    parts.append(f"({loose} ? [] : [{', '.join(switches)}])")
     # No CUDA_DEVICE_MEMORY_SHARED_CACHE: the device plugin's own value stands.
-    parts.append(f"[{_entry('CUDA_TASK_PRIORITY', _priority(policy))}]")
-    return " + ".join(parts)
+    return (
+        f"(c.name in variables.loosened ? [] : [{', '.join(switches)}]) + "
+        f"{_BIND_PARTS}[{_entry('CUDA_TASK_PRIORITY', _priority(policy))}]))"
+    )
 
 
 def _mps_wants(policy: Policy) -> str:
@@ -242,19 +248,27 @@ def _pin_wants(policy: Policy) -> str:
     )
 
 
-def container_wants(policy: Policy) -> str:
-    """The env a sharing container ``c`` must carry in the object's mode
-    (``mutation.wanted_env``), as a CEL list of ``{'name', 'value'}`` maps."""
+def _slice_amounts(policy: Policy) -> str:
+    """A sharing container ``c``'s ``[g, m, k]``: its GPU count (at least 1), MiB and
+    cores, each -1 where it asks for none that is valid."""
     counts = _amount(policy.count_resources, high=MAX_COUNT)
     mib = _amount(policy.memory_mib_resources, high=MAX_MIB)
     # Above MAX_GIB a GiB value is MiB (resources._read_sharing).
     gib = _amount(policy.memory_gib_resources, high=MAX_MIB, scale=1024, unscaled_above=MAX_GIB)
     cores = _amount(policy.cores_resources, high=100)
     return (
-        f"{_BIND_PARTS}cel.bind(g, cel.bind(n, {counts}, n > 0 ? n : 1), "
-        f"cel.bind(m, cel.bind(x, {mib}, x > 0 ? x : {gib}), cel.bind(k, {cores}, "
-        f"{_pin_wants(policy)} + (variables.mode == 'vgpu' ? ({_vgpu_wants(policy)}) : "
-        f"({_mps_wants(policy)})))))))"
+        f"{_BIND_PARTS}[cel.bind(n, {counts}, n > 0 ? n : 1), "
+        f"cel.bind(x, {mib}, x > 0 ? x : {gib}), {cores}]))"
+    )
+
+
+def container_wants(policy: Policy, mode: Mode) -> str:
+    """The env a sharing container ``c`` must carry in ``mode`` (vgpu or mps;
+    ``mutation.wanted_env``), as a CEL list of ``{'name', 'value'}`` maps."""
+    wants = _vgpu_wants(policy) if mode == "vgpu" else _mps_wants(policy)
+    return (
+        "cel.bind(a, variables.sliceAmounts[c.name], cel.bind(g, a[0], cel.bind(m, a[1], "
+        f"cel.bind(k, a[2], {_pin_wants(policy)} + {wants}))))"
     )
 
 
@@ -296,15 +310,43 @@ def mutation_variables(policy: Policy) -> list[Obj]:
         *variables(policy),
         {"name": "pointer", "expression": _pointer()},
         {
-            "name": "wants",
-            # A dynamic-MIG pod's sharing containers want no env, only their count.
+            "name": "sliceAmounts",
             "expression": unbind(
                 f"variables.mode == 'mps' || (variables.mode == 'vgpu' && variables.library) ? "
-                f"{sharing}.transformMapEntry("
-                f"i, c, {{c.name: {container_wants(policy)}}}) : "
-                "variables.dynamicMig || variables.mode == 'vgpu' ? "
-                f"{sharing}.transformMapEntry(i, c, {{c.name: []}}) : {{}}"
+                f"{sharing}.transformMapEntry(i, c, {{c.name: {_slice_amounts(policy)}}}) : {{}}"
             ),
+        },
+        {
+            # The sharing containers that loosen a switch, which keep their value there
+            # (see _vgpu_wants).
+            "name": "loosened",
+            "expression": f"variables.mode == 'vgpu' && variables.library ? {sharing}.filter(c, "
+            f"has(c.env) && c.env.exists(e, {loosening(policy, 'e')})).map(c, c.name) : []",
+        },
+        {
+            "name": "vgpuSwitches",
+            "expression": unbind(
+                f"variables.mode == 'vgpu' && variables.library ? {sharing}.transformMapEntry("
+                f"i, c, {{c.name: {_vgpu_switches(policy)}}}) : {{}}"
+            ),
+        },
+        *(
+            {
+                "name": f"{mode}Wants",
+                "expression": unbind(
+                    f"variables.mode == {literal(mode)} ? {sharing}.transformMapEntry("
+                    f"i, c, {{c.name: {container_wants(policy, mode)}}}) : {{}}"
+                ),
+            }
+            for mode in ("vgpu", "mps")
+        ),
+        {
+            "name": "wants",
+            # A dynamic-MIG pod's sharing containers want no env, only their count.
+            "expression": "variables.mode == 'mps' ? variables.mpsWants : "
+            "variables.mode == 'vgpu' && variables.library ? variables.vgpuWants : "
+            "variables.dynamicMig || variables.mode == 'vgpu' ? "
+            f"{sharing}.transformMapEntry(i, c, {{c.name: []}}) : {{}}",
         },
         {
             "name": "implied",
