@@ -28,20 +28,30 @@ Patch types, per field:
   mutating webhook did in between (reinvocationPolicy IfNeeded). It cannot remove a
   list entry, nor replace a field it does not set (an entry's ``valueFrom``, a mount's
   ``subPath``): merged into such an entry, the pod would carry both and be refused.
-- First a JSONPatch records what the others will replace (a user's limit, switch, MPS
-  value, mount or volume), read on the object as it came, in the annotation and label
-  ``gpushare.io/overridden``, for the ``gpushare-overrides`` ValidatingAdmissionPolicy
-  to warn (:func:`_record`): a MutatingAdmissionPolicy has no warnings of its own.
-- Then a JSONPatch removes, by index from the last, only what the
-  apply cannot fix: an env entry of a wanted name that takes ``valueFrom`` or that a
-  later entry of the same name repeats, a stray vGPU limit variable, a mount at one of
-  the injected mountPaths that differs from the injected one, a volume of an injected
-  name that differs; and it adds the MPS node selector's missing keys (a pod's
-  nodeSelector is an atomic map, which an ApplyConfiguration may not touch). No op
-  carries a list or an ``Object{}`` initializer, the values kube-apiserver 1.36 panics
-  on (kubernetes#142181); the one map value, the node selector of a pod that has none,
-  is a plain map of strings. A removal's effect is gone once applied and a key is added
-  only when absent, so a rerun finds nothing to do.
+- First one JSONPatch, read on the object as it came: it records what the apply will
+  replace (a user's limit, switch, MPS value, mount or volume) in the annotation and
+  label ``gpushare.io/overridden``, for the ``gpushare-overrides``
+  ValidatingAdmissionPolicy to warn (:func:`_record`; a MutatingAdmissionPolicy has no
+  warnings of its own); it removes, by index from the last, only what the apply cannot
+  fix: an env entry of a wanted name that takes ``valueFrom`` or that a later entry of
+  the same name repeats, a stray vGPU limit variable, a mount at one of the injected
+  mountPaths that differs from the injected one, a volume of an injected name that
+  differs; and it adds the MPS node selector's missing keys and the pool affinity (a
+  pod's nodeSelector and a node affinity's terms are atomic, which an
+  ApplyConfiguration may not touch). One, not one per concern: the apiserver encodes,
+  patches, decodes and defaults the whole object for every JSONPatch mutation, empty
+  or not. No op carries an ``Object{}`` initializer, which kube-apiserver 1.36 panics
+  on inside a list (kubernetes#142181): values are plain maps and lists. A removal's
+  effect is gone once applied and a key is added only when absent, so a rerun finds
+  nothing to do.
+
+What the ops say is computed in named variables (a variable can make no JSONPatch):
+what is injected as data (``injectedMounts``, ``injectedVolumes``), so that reading and
+writing it is rendered once for every mode; a first scan (``suspect``) that most pods
+end at; ``removed``, ``replacedInContainers`` and ``overridden``; the adds
+(``mpsNodeSelector``, ``poolAffinity``); and the wanted env by parts
+(``sliceAmounts``, ``loosened``, ``vgpuSwitches``, ``vgpuWants``, ``mpsWants``,
+``wants``). The apiserver evaluates a mutation's variables for that mutation alone.
 
 CEL cannot read the cluster, so what the cluster view decides stays the webhook's:
 a memory percentage stays a percentage here (HAMi's device plugin turns it into the
