@@ -298,14 +298,9 @@ def _implied(policy: Policy) -> str:
 
 def _pointer() -> str:
     """The JSON Pointer of the object's pod spec, by kind."""
-    expression = "'/spec'"
-    for shape in pod_shapes():
-        if shape.path:
-            pointer = "/" + "/".join((*shape.path, "spec"))
-            expression = (
-                f"request.kind.kind in {strings(shape.kinds)} ? {literal(pointer)} : ({expression})"
-            )
-    return expression
+    return _by_kind(
+        {shape: literal("/" + "/".join((*shape.path, "spec"))) for shape in pod_shapes()}, "''"
+    )
 
 
 def mutation_variables(policy: Policy) -> list[Obj]:
