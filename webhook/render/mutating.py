@@ -46,7 +46,7 @@ Patch types, per field:
   nothing to do.
 
 What the ops say is computed in named variables (a variable can make no JSONPatch):
-what is injected as data (``injectedMounts``, ``injectedVolumes``), so that reading and
+what is injected as data (``injectionMounts``, ``injectionVolumes``), so that reading and
 writing it is rendered once for every mode; a first scan (``suspect``) that most pods
 end at; ``removed``, ``replacedInContainers`` and ``overridden``; the adds
 (``mpsNodeSelector``, ``poolAffinity``); and the wanted env by parts
@@ -361,7 +361,7 @@ def mutation_variables(policy: Policy) -> list[Obj]:
             ),
         },
         {"name": "voided", "expression": void},
-        *injected_data(policy),
+        *_injection_data(policy),
         {"name": "suspect", "expression": _suspect()},
         {
             "name": "mpsNodeSelector",
@@ -389,17 +389,17 @@ def _by_mode(values: Mapping[str, str], otherwise: str) -> str:
 
 
 def _mounts(type_name: str) -> str:
-    """``variables.injectedMounts`` as ApplyConfiguration literals of ``type_name``."""
+    """``variables.injectionMounts`` as ApplyConfiguration literals of ``type_name``."""
     return (
-        f"variables.injectedMounts.map(i, {type_name}{{name: i.name, mountPath: i.mountPath, "
+        f"variables.injectionMounts.map(i, {type_name}{{name: i.name, mountPath: i.mountPath, "
         "?readOnly: i.readOnly == 'true' ? optional.of(true) : optional.none()})"
     )
 
 
 def _volumes(type_name: str) -> str:
-    """``variables.injectedVolumes`` as ApplyConfiguration literals of ``type_name``."""
+    """``variables.injectionVolumes`` as ApplyConfiguration literals of ``type_name``."""
     return (
-        f"variables.injectedVolumes.map(i, i.path == '' ? {type_name}{{name: i.name, "
+        f"variables.injectionVolumes.map(i, i.path == '' ? {type_name}{{name: i.name, "
         f"emptyDir: {type_name}.emptyDir{{}}}} : {type_name}{{name: i.name, "
         f"hostPath: {type_name}.hostPath{{path: i.path, type: i.type}}}})"
     )
@@ -520,8 +520,8 @@ def _remove(pointer: str) -> str:
 _SET_OUTSIDE_CUDA: Final = ("LD_PRELOAD", "GPU_CORE_UTILIZATION_POLICY", "ACTIVE_OOM_KILLER")
 
 
-def injected_data(policy: Policy) -> list[Obj]:
-    """The variables ``injectedMounts`` and ``injectedVolumes``: what the object's mode
+def _injection_data(policy: Policy) -> list[Obj]:
+    """The variables ``injectionMounts`` and ``injectionVolumes``: what the object's mode
     injects (``injection_for``), as data, so that what reads or writes it is rendered
     once for every mode. Every value a string, so each list is of one type: a mount's
     ``readOnly`` is ``'true'`` where it is set, a volume's ``path`` is ``''`` for an
@@ -561,23 +561,23 @@ def injected_data(policy: Policy) -> list[Obj]:
                 "[]",
             ),
         }
-        for i, name in enumerate(("injectedMounts", "injectedVolumes"))
+        for i, name in enumerate(("injectionMounts", "injectionVolumes"))
     ]
 
 
 # A mount ``m`` at an injected path, and one that is the injected mount there
 # (``mutation._same_mount``: its volume, read-only as injected, no subPath).
-_AT_INJECTED: Final = "variables.injectedMounts.exists(i, i.mountPath == m.mountPath)"
+_AT_INJECTED: Final = "variables.injectionMounts.exists(i, i.mountPath == m.mountPath)"
 _KEPT_MOUNT: Final = (
-    "variables.injectedMounts.exists(i, i.mountPath == m.mountPath && m.name == i.name && "
+    "variables.injectionMounts.exists(i, i.mountPath == m.mountPath && m.name == i.name && "
     "(has(m.readOnly) ? m.readOnly : false) == (i.readOnly == 'true') && "
     "(!has(m.subPath) || m.subPath == '') && (!has(m.subPathExpr) || m.subPathExpr == ''))"
 )
 # A volume ``v`` of an injected name, and one that is the injected volume
 # (``injection.same_volume``: one source per volume, hostPath.type defaulted).
-_OF_INJECTED: Final = "variables.injectedVolumes.exists(i, i.name == v.name)"
+_OF_INJECTED: Final = "variables.injectionVolumes.exists(i, i.name == v.name)"
 _KEPT_VOLUME: Final = (
-    "variables.injectedVolumes.exists(i, i.name == v.name && (i.path != '' ? "
+    "variables.injectionVolumes.exists(i, i.name == v.name && (i.path != '' ? "
     "has(v.hostPath) && v.hostPath.path == i.path && has(v.hostPath.type) && "
     "v.hostPath.type == i.type : has(v.emptyDir) && !has(v.emptyDir.medium) && "
     "!has(v.emptyDir.sizeLimit)))"
@@ -604,7 +604,7 @@ def _suspect() -> str:
     first skips that work."""
     spec = "variables.spec"
     return (
-        "size(variables.injectedMounts) > 0 && "
+        "size(variables.injectionMounts) > 0 && "
         f"(({MUTATED_CONTAINERS}).exists(c, (has(c.env) && c.env.exists(e, "
         f"e.name.startsWith('CUDA_') || e.name in {strings(_SET_OUTSIDE_CUDA)})) || "
         f"(has(c.volumeMounts) && c.volumeMounts.exists(m, {_AT_INJECTED}))) || "
