@@ -5,26 +5,38 @@ dry-run creates of a vGPU pod and of a plain pod, alternating rounds with the we
 configurations registered and unregistered so both see the same machine noise.
 
     .venv/bin/python bench/e2e.py [--creates 240] [--round 40] [--settings webhooks,mutating+cel]
-                                  [--baseline REV]
+                                  [--baseline REV] [--metrics]
 
-With ``--baseline REV`` a setting ``webhooks+cel@REV`` joins the rounds: the webhooks
-with the matchConditions, and the CEL policies, that deploy/base held at git revision REV
-(rendered from the default policy then), so a change of scope is measured side by side
-with what it replaces. A ConfigMap create is timed beside the pods: the CEL policies
-judge ConfigMaps and Secrets when they are written.
+A setting ``NAME@REV`` registers what deploy/ held at git revision REV (rendered from
+the default policy then): the webhooks' matchConditions, the CEL policies and, for
+``map+cel@REV``, the MutatingAdmissionPolicies, so a change is measured side by side
+with what it replaces; ``--baseline REV`` adds ``webhooks+cel@REV``. A ConfigMap create
+is timed beside the pods: the CEL policies judge ConfigMaps and Secrets when they are
+written.
+
+With ``--metrics`` each setting's rounds of vGPU pod creates are also read from the
+apiserver's side: the admission plugins' time per create, from kube-apiserver's own
+``apiserver_admission_controller_admission_duration_seconds``, and the CPU time per
+create of kube-apiserver, etcd and the webhook (``/proc/<pid>/stat``). Where the client's
+median says how much, these say where.
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import json
+import os
+import re
+import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import yaml
 
@@ -153,8 +165,16 @@ def _at(revision: str, path: str) -> list[dict[str, Any]]:
     return [doc for doc in yaml.safe_load_all(text) if doc]
 
 
-def baseline(revision: str) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]:
-    """(matchConditions by webhook name, CEL policy objects) of deploy/ at ``revision``."""
+class Baseline(NamedTuple):
+    """What deploy/ held at a git revision."""
+
+    conditions: dict[str, list[Any]]  # the webhooks' matchConditions, by webhook name
+    cel: list[dict[str, Any]]  # the ValidatingAdmissionPolicies and their bindings
+    maps: list[dict[str, Any]]  # the MutatingAdmissionPolicies and their bindings, or none
+
+
+def baseline(revision: str) -> Baseline:
+    """What deploy/ held at ``revision``."""
     # The registrations moved from deploy/base to deploy/webhooks with the 1.36+ install.
     listed = subprocess.run(
         ["git", "-C", str(ROOT), "ls-tree", "--name-only", revision, "deploy/webhooks/"],
@@ -168,31 +188,89 @@ def baseline(revision: str) -> tuple[dict[str, list[Any]], list[dict[str, Any]]]
         for config in _at(revision, f"{where}/webhookconfigurations.yaml")
         for hook in config["webhooks"]
     }
-    return conditions, _at(revision, "deploy/base/celpolicies.yaml")
+    maps = "deploy/mutatingpolicies/mutatingpolicies.yaml"
+    held = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-tree", "--name-only", revision, maps],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return Baseline(
+        conditions,
+        _at(revision, "deploy/base/celpolicies.yaml"),
+        _at(revision, maps) if held else [],
+    )
 
 
-def _apply(cluster: DevCluster, setting: str, baselines: dict[str, Any]) -> None:
+def _apply(cluster: DevCluster, setting: str, baselines: dict[str, Baseline]) -> None:
+    """Register what ``setting`` names, then wait until the apiserver answers by it."""
     from kubernetes import client
 
     name, _, revision = setting.partition("@")
     mutating, validating, cel, in_apiserver = SETTINGS[name]
+    past = baselines[revision] if revision else None
     api: Any = client.AdmissionregistrationV1Api(cluster.api_client())
-    _set_mutating_policies(cluster, api, in_apiserver, void_all=name == "map+cel+void-all")
+    if past is not None and in_apiserver:
+        _set_mutating_policies(cluster, api, False)
+        for obj in copy.deepcopy(past.maps):
+            if obj["kind"] == "MutatingAdmissionPolicy":
+                api.create_mutating_admission_policy(obj)
+            else:
+                api.create_mutating_admission_policy_binding(obj)
+    else:
+        _set_mutating_policies(cluster, api, in_apiserver, void_all=name == "map+cel+void-all")
     cluster.unregister_webhooks()
     if mutating:
         cluster.register_webhooks()
         if not validating:
             api.delete_validating_webhook_configuration("gpushare-webhook")
-        if revision:
-            _use_conditions(api, baselines[revision][0])
+        if past is not None:
+            _use_conditions(api, past.conditions)
     present = read_json(api.list_validating_admission_policy_binding(_preload_content=False))
     for item in present["items"]:
         api.delete_validating_admission_policy_binding(item["metadata"]["name"])
         api.delete_validating_admission_policy(item["spec"]["policyName"])
     if cel:
-        cluster.register_cel_policies(copy.deepcopy(baselines[revision][1]) if revision else None)
+        cluster.register_cel_policies(copy.deepcopy(past.cel) if past is not None else None)
     api.api_client.close()
-    time.sleep(1.5)  # configuration changes reach the admission chain asynchronously
+    _settle(cluster, mutated=mutating or in_apiserver)
+
+
+def _settle(cluster: DevCluster, *, mutated: bool, timeout: float = 60.0) -> None:
+    """Wait until a vGPU pod's create is admitted, mutated or not as ``mutated`` says,
+    three times running, and then a little: configuration changes reach the admission
+    chain asynchronously, each kind by its own informer, and a round timed across a
+    change measures neither setting (or fails, where the policies of one meet the
+    mutation of none)."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    core: Any = client.CoreV1Api(cluster.api_client())
+    pod = _pod("hami-vgpu-pod.yaml")
+    deadline = time.monotonic() + timeout
+    running = 0
+    last = ""
+    try:
+        while running < 3:
+            try:
+                answer = json.loads(
+                    core.create_namespaced_pod(
+                        "bench", pod, dry_run="All", _preload_content=False
+                    ).data
+                )
+                env = answer["spec"]["containers"][0].get("env", [])
+                got = any(e["name"].startswith("CUDA_DEVICE_MEMORY_LIMIT") for e in env)
+                running = running + 1 if got == mutated else 0
+                last = f"mutated: {got}"
+            except ApiException as error:
+                last = f"{error.status} {error.body}"
+                running = 0
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the apiserver did not settle in {timeout:.0f} s: {last}")
+            time.sleep(0.1)
+    finally:
+        core.api_client.close()
+    time.sleep(0.5)
 
 
 def _use_conditions(api: Any, conditions: dict[str, list[Any]]) -> None:
@@ -207,13 +285,79 @@ def _use_conditions(api: Any, conditions: dict[str, list[Any]]) -> None:
         replace("gpushare-webhook", config)
 
 
+# The admission plugins whose time --metrics reports: what gpushare registers runs there.
+PLUGINS: Final = (
+    "MutatingAdmissionPolicy",
+    "MutatingAdmissionWebhook",
+    "ValidatingAdmissionPolicy",
+    "ValidatingAdmissionWebhook",
+)
+_PLUGIN_SUM: Final = re.compile(
+    r'^apiserver_admission_controller_admission_duration_seconds_sum\{(?=.*name="(\w+)")'
+    r'(?=.*operation="CREATE")[^}]*\}\s+(\S+)$'
+)
+
+
+class Metrics:
+    """The apiserver's side of a setting's vGPU pod creates, summed over its rounds."""
+
+    def __init__(self, cluster: DevCluster) -> None:
+        self._cluster = cluster
+        self.creates = 0
+        self.plugins: dict[str, float] = dict.fromkeys(PLUGINS, 0.0)
+        self.cpu: dict[str, float] = {}
+
+    def _pids(self) -> dict[str, int]:
+        found = {p.name: p.popen.pid for p in self._cluster.processes}
+        webhook = self._cluster.webhook
+        if webhook is not None and webhook.process is not None:
+            found["webhook"] = webhook.process.popen.pid
+        return found
+
+    def _plugins(self) -> dict[str, float]:
+        context = ssl.create_default_context(cafile=str(self._cluster.ca_file))
+        # The dev cluster's own apiserver on loopback, over its CA.
+        request = urllib.request.Request(  # noqa: S310
+            f"{self._cluster.server}/metrics",
+            headers={"Authorization": f"Bearer {self._cluster.token}"},
+        )
+        with urllib.request.urlopen(request, context=context, timeout=30) as response:  # noqa: S310
+            text = response.read().decode()
+        seconds: dict[str, float] = dict.fromkeys(PLUGINS, 0.0)
+        for line in text.splitlines():
+            match = _PLUGIN_SUM.match(line)
+            if match and match.group(1) in seconds:
+                seconds[match.group(1)] += float(match.group(2))
+        return seconds
+
+    def time(self, core: Any, pod: dict[str, Any], count: int) -> list[float]:
+        """:func:`_time_creates`, with what the apiserver and the processes spent."""
+        pids = self._pids()
+        cpu = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+        plugins = self._plugins()
+        samples = _time_creates(core, pod, count)
+        for name, seconds in self._plugins().items():
+            self.plugins[name] += seconds - plugins[name]
+        for name, pid in pids.items():
+            self.cpu[name] = self.cpu.get(name, 0.0) + _cpu_seconds(pid) - cpu[name]
+        self.creates += count
+        return samples
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system time of a process and its waited-for children."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+
+
 def measure(
     cluster: DevCluster,
     *,
     creates: int,
     round_size: int,
     settings: list[str],
-    baselines: dict[str, Any],
+    baselines: dict[str, Baseline],
+    metrics: bool = False,
 ) -> None:
     from kubernetes import client
 
@@ -226,6 +370,7 @@ def measure(
     }
     settings = ["none", *[s for s in settings if s != "none"]]
     results: dict[tuple[str, str], list[float]] = {(n, s): [] for n in pods for s in settings}
+    seen = {setting: Metrics(cluster) for setting in settings} if metrics else {}
     for pod in pods.values():  # warm both paths up
         _time_creates(core, pod, 20)
     rounds = max(1, creates // round_size)
@@ -233,7 +378,8 @@ def measure(
         for setting in settings:
             _apply(cluster, setting, baselines)
             for name, pod in pods.items():
-                results[(name, setting)].extend(_time_creates(core, pod, round_size))
+                timing = seen[setting].time if seen and name == "vGPU pod" else _time_creates
+                results[(name, setting)].extend(timing(core, pod, round_size))
     _apply(cluster, "webhooks", baselines)
     width = max(13, *map(len, settings))
     print(
@@ -250,6 +396,22 @@ def measure(
                 f"{_p99(samples):>8.2f} {median - base:>+8.2f}"
             )
     print("overhead: the median minus the median with nothing registered, same run")
+    if seen:
+        _print_metrics(seen, width=width)
+
+
+def _print_metrics(seen: dict[str, Metrics], *, width: int) -> None:
+    short = {"MutatingAdmissionPolicy": "MAP", "MutatingAdmissionWebhook": "mut. webhook"}
+    short |= {"ValidatingAdmissionPolicy": "VAP", "ValidatingAdmissionWebhook": "val. webhook"}
+    processes = sorted({name for m in seen.values() for name in m.cpu})
+    print("\nvGPU pod, per create: admission plugins' time (ms), CPU time (ms)")
+    columns = [short[p] for p in PLUGINS] + [f"CPU {p}" for p in processes]
+    print(f"{'registered':<{width}} " + " ".join(f"{c:>14}" for c in columns))
+    for setting, m in seen.items():
+        n = max(1, m.creates)
+        values = [1000 * m.plugins[p] / n for p in PLUGINS]
+        values += [1000 * m.cpu.get(p, 0.0) / n for p in processes]
+        print(f"{setting:<{width}} " + " ".join(f"{v:>14.2f}" for v in values))
 
 
 def main() -> int:
@@ -259,33 +421,43 @@ def main() -> int:
     parser.add_argument(
         "--settings",
         default="webhooks",
-        help=f"comma-separated, compared with none: {', '.join(SETTINGS)} (default: webhooks)",
+        help=f"comma-separated, compared with none: {', '.join(SETTINGS)}, each also as "
+        "NAME@REV for what deploy/ held at git revision REV (default: webhooks)",
     )
     parser.add_argument(
         "--baseline",
         metavar="REV",
         help="also time webhooks+cel with the scope and CEL policies of git revision REV",
     )
+    parser.add_argument(
+        "--metrics",
+        action="store_true",
+        help="also print the admission plugins' time and the processes' CPU per vGPU create",
+    )
     args = parser.parse_args()
+    settings = [s.strip() for s in args.settings.split(",") if s.strip()]
+    if args.baseline:
+        settings.append(f"webhooks+cel@{args.baseline}")
+    unknown = sorted({s.partition("@")[0] for s in settings} - set(SETTINGS))
+    if unknown:
+        parser.error(f"unknown settings: {', '.join(unknown)}")
+    baselines = {rev: baseline(rev) for rev in {s.partition("@")[2] for s in settings} - {""}}
+    for setting in settings:
+        name, _, rev = setting.partition("@")
+        if rev and SETTINGS[name][3] and not baselines[rev].maps:
+            parser.error(f"{setting}: revision {rev} has no MutatingAdmissionPolicies")
     with tempfile.TemporaryDirectory(prefix="gpushare-bench-") as tmp:
         workdir = Path(tmp)
         policy = workdir / "policy.yaml"
         policy.write_text((ROOT / "policies" / "default.yaml").read_text())
         with running(bin_dir=find_binaries(), policy=policy, workdir=workdir) as cluster:
-            settings = [s.strip() for s in args.settings.split(",") if s.strip()]
-            unknown = sorted(set(settings) - set(SETTINGS))
-            if unknown:
-                parser.error(f"unknown settings: {', '.join(unknown)}")
-            baselines = {}
-            if args.baseline:
-                baselines[args.baseline] = baseline(args.baseline)
-                settings.append(f"webhooks+cel@{args.baseline}")
             measure(
                 cluster,
                 creates=args.creates,
                 round_size=args.round,
                 settings=settings,
                 baselines=baselines,
+                metrics=args.metrics,
             )
     return 0
 

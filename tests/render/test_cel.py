@@ -1,4 +1,4 @@
-"""The CEL builder's printer, literals and whitespace class."""
+"""The CEL builder: its printer, literals, whitespace class and bindings."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import unicodedata
 from hypothesis import given
 from hypothesis import strategies as st
 
-from webhook.render.cel import SPACE, TEXT_WIDTH, literal, printed, text, tokens
+from webhook.render.cel import SPACE, TEXT_WIDTH, literal, printed, text, tokens, unbind
 
 
 def test_what_fits_is_left_as_written() -> None:
@@ -114,3 +114,25 @@ def test_the_space_class_is_what_python_strips() -> None:
     spaces = {c for c in range(0x110000) if chr(c).isspace()}
     assert listed | separators == spaces
     assert not listed & separators
+
+
+def test_a_binding_is_a_one_element_map() -> None:
+    assert unbind("cel.bind(x, a.b, x + 1)") == "[a.b].map(x, x + 1)[0]"
+
+
+def test_bindings_nest_in_value_and_body() -> None:
+    assert unbind("cel.bind(x, cel.bind(y, 1, y), cel.bind(z, x, [x, z]))") == (
+        "[[1].map(y, y)[0]].map(x, [x].map(z, [x, z])[0])[0]"
+    )
+
+
+def test_commas_and_brackets_in_strings_and_calls_stay_in_their_argument() -> None:
+    expression = "f(cel.bind(s, 'a, (b' + \"c]\\\"\", g(s, {'k': [1, 2]})), cel.bind(t, 2, t))"
+    assert unbind(expression) == (
+        "f(['a, (b' + \"c]\\\"\"].map(s, g(s, {'k': [1, 2]}))[0], [2].map(t, t)[0])"
+    )
+
+
+def test_text_without_a_binding_is_left_as_it_is() -> None:
+    expression = "a.exists(c, c.name == 'cel.bind') && b"
+    assert unbind(expression) == expression

@@ -28,20 +28,30 @@ Patch types, per field:
   mutating webhook did in between (reinvocationPolicy IfNeeded). It cannot remove a
   list entry, nor replace a field it does not set (an entry's ``valueFrom``, a mount's
   ``subPath``): merged into such an entry, the pod would carry both and be refused.
-- First a JSONPatch records what the others will replace (a user's limit, switch, MPS
-  value, mount or volume), read on the object as it came, in the annotation and label
-  ``gpushare.io/overridden``, for the ``gpushare-overrides`` ValidatingAdmissionPolicy
-  to warn (:func:`_record`): a MutatingAdmissionPolicy has no warnings of its own.
-- Then a JSONPatch removes, by index from the last, only what the
-  apply cannot fix: an env entry of a wanted name that takes ``valueFrom`` or that a
-  later entry of the same name repeats, a stray vGPU limit variable, a mount at one of
-  the injected mountPaths that differs from the injected one, a volume of an injected
-  name that differs; and it adds the MPS node selector's missing keys (a pod's
-  nodeSelector is an atomic map, which an ApplyConfiguration may not touch). No op
-  carries a list or an ``Object{}`` initializer, the values kube-apiserver 1.36 panics
-  on (kubernetes#142181); the one map value, the node selector of a pod that has none,
-  is a plain map of strings. A removal's effect is gone once applied and a key is added
-  only when absent, so a rerun finds nothing to do.
+- First one JSONPatch, read on the object as it came: it records what the apply will
+  replace (a user's limit, switch, MPS value, mount or volume) in the annotation and
+  label ``gpushare.io/overridden``, for the ``gpushare-overrides``
+  ValidatingAdmissionPolicy to warn (:func:`_record`; a MutatingAdmissionPolicy has no
+  warnings of its own); it removes, by index from the last, only what the apply cannot
+  fix: an env entry of a wanted name that takes ``valueFrom`` or that a later entry of
+  the same name repeats, a stray vGPU limit variable, a mount at one of the injected
+  mountPaths that differs from the injected one, a volume of an injected name that
+  differs; and it adds the MPS node selector's missing keys and the pool affinity (a
+  pod's nodeSelector and a node affinity's terms are atomic, which an
+  ApplyConfiguration may not touch). One, not one per concern: the apiserver encodes,
+  patches, decodes and defaults the whole object for every JSONPatch mutation, empty
+  or not. No op carries an ``Object{}`` initializer, which kube-apiserver 1.36 panics
+  on inside a list (kubernetes#142181): values are plain maps and lists. A removal's
+  effect is gone once applied and a key is added only when absent, so a rerun finds
+  nothing to do.
+
+What the ops say is computed in named variables (a variable can make no JSONPatch):
+what is injected as data (``injectionMounts``, ``injectionVolumes``), so that reading and
+writing it is rendered once for every mode; a first scan (``suspect``) that most pods
+end at; ``removed``, ``replacedInContainers`` and ``overridden``; the adds
+(``mpsNodeSelector``, ``poolAffinity``); and the wanted env by parts
+(``sliceAmounts``, ``loosened``, ``vgpuSwitches``, ``vgpuWants``, ``mpsWants``,
+``wants``). The apiserver evaluates a mutation's variables for that mutation alone.
 
 CEL cannot read the cluster, so what the cluster view decides stays the webhook's:
 a memory percentage stays a percentage here (HAMi's device plugin turns it into the
@@ -53,12 +63,12 @@ Pure: a policy in, a list of objects out.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
 from webhook.core.env import VISIBLE_DEVICES
 from webhook.core.finding import HIDDEN
-from webhook.core.injection import LIBRARY_PATH, MODE_ANNOTATION, Injection, injection_for
+from webhook.core.injection import LIBRARY_PATH, MODE_ANNOTATION, injection_for
 from webhook.core.mutation import UNREPORTED, VOID
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
 from webhook.core.resources import KIND_LABELS, MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
@@ -84,8 +94,6 @@ from webhook.render.pod import (
     container_list,
     gpu_test,
     pod_shapes,
-    same_mount,
-    same_volume,
     shares,
     slice_test,
     template,
@@ -202,9 +210,15 @@ def _vgpu_wants(policy: Policy) -> str:
         "lists.range(g).map(i, {'name': 'CUDA_DEVICE_SM_LIMIT_' + string(i), "
         "'value': string(k)}) : [])"
     )
-    # The switches are pinned unless the container already loosens one: the mutating
-    # webhook refuses that before it mutates, so here the user's value stays for the
-    # limit-tampering validation to refuse (pinned over, the pod would be admitted).
+    parts.append("variables.vgpuSwitches[c.name]")
+    return " + ".join(parts)
+
+
+def _vgpu_switches(policy: Policy) -> str:
+    """The last of ``mutation.wanted_env`` of a vGPU container ``c``: its switches,
+    pinned unless it already loosens one (the mutating webhook refuses that before it
+    mutates, so here the user's value stays for the limit-tampering validation to
+    refuse: pinned over, the pod would be admitted), and its priority."""
     switches = (
         _entry(
             "GPU_CORE_UTILIZATION_POLICY",
@@ -217,11 +231,11 @@ def _vgpu_wants(policy: Policy) -> str:
             f"cel.bind(o, {_current('ACTIVE_OOM_KILLER')}, o in ['true', '1'] ? o : 'true')",
         ),
     )
-    loose = f"has(c.env) && c.env.exists(e, {loosening(policy, 'e')})"
-    parts.append(f"({loose} ? [] : [{', '.join(switches)}])")
     # No CUDA_DEVICE_MEMORY_SHARED_CACHE: the device plugin's own value stands.
-    parts.append(f"[{_entry('CUDA_TASK_PRIORITY', _priority(policy))}]")
-    return " + ".join(parts)
+    return (
+        f"(c.name in variables.loosened ? [] : [{', '.join(switches)}]) + "
+        f"{_BIND_PARTS}[{_entry('CUDA_TASK_PRIORITY', _priority(policy))}]))"
+    )
 
 
 def _mps_wants(policy: Policy) -> str:
@@ -244,19 +258,27 @@ def _pin_wants(policy: Policy) -> str:
     )
 
 
-def container_wants(policy: Policy) -> str:
-    """The env a sharing container ``c`` must carry in the object's mode
-    (``mutation.wanted_env``), as a CEL list of ``{'name', 'value'}`` maps."""
+def _slice_amounts(policy: Policy) -> str:
+    """A sharing container ``c``'s ``[g, m, k]``: its GPU count (at least 1), MiB and
+    cores, each -1 where it asks for none that is valid."""
     counts = _amount(policy.count_resources, high=MAX_COUNT)
     mib = _amount(policy.memory_mib_resources, high=MAX_MIB)
     # Above MAX_GIB a GiB value is MiB (resources._read_sharing).
     gib = _amount(policy.memory_gib_resources, high=MAX_MIB, scale=1024, unscaled_above=MAX_GIB)
     cores = _amount(policy.cores_resources, high=100)
     return (
-        f"{_BIND_PARTS}cel.bind(g, cel.bind(n, {counts}, n > 0 ? n : 1), "
-        f"cel.bind(m, cel.bind(x, {mib}, x > 0 ? x : {gib}), cel.bind(k, {cores}, "
-        f"{_pin_wants(policy)} + (variables.mode == 'vgpu' ? ({_vgpu_wants(policy)}) : "
-        f"({_mps_wants(policy)})))))))"
+        f"{_BIND_PARTS}[cel.bind(n, {counts}, n > 0 ? n : 1), "
+        f"cel.bind(x, {mib}, x > 0 ? x : {gib}), {cores}]))"
+    )
+
+
+def container_wants(policy: Policy, mode: Mode) -> str:
+    """The env a sharing container ``c`` must carry in ``mode`` (vgpu or mps;
+    ``mutation.wanted_env``), as a CEL list of ``{'name', 'value'}`` maps."""
+    wants = _vgpu_wants(policy) if mode == "vgpu" else _mps_wants(policy)
+    return (
+        "cel.bind(a, variables.sliceAmounts[c.name], cel.bind(g, a[0], cel.bind(m, a[1], "
+        f"cel.bind(k, a[2], {_pin_wants(policy)} + {wants}))))"
     )
 
 
@@ -276,14 +298,9 @@ def _implied(policy: Policy) -> str:
 
 def _pointer() -> str:
     """The JSON Pointer of the object's pod spec, by kind."""
-    expression = "'/spec'"
-    for shape in pod_shapes():
-        if shape.path:
-            pointer = "/" + "/".join((*shape.path, "spec"))
-            expression = (
-                f"request.kind.kind in {strings(shape.kinds)} ? {literal(pointer)} : ({expression})"
-            )
-    return expression
+    return _by_kind(
+        {shape: literal("/" + "/".join((*shape.path, "spec"))) for shape in pod_shapes()}, "''"
+    )
 
 
 def mutation_variables(policy: Policy) -> list[Obj]:
@@ -298,15 +315,43 @@ def mutation_variables(policy: Policy) -> list[Obj]:
         *variables(policy),
         {"name": "pointer", "expression": _pointer()},
         {
-            "name": "wants",
-            # A dynamic-MIG pod's sharing containers want no env, only their count.
+            "name": "sliceAmounts",
             "expression": unbind(
                 f"variables.mode == 'mps' || (variables.mode == 'vgpu' && variables.library) ? "
-                f"{sharing}.transformMapEntry("
-                f"i, c, {{c.name: {container_wants(policy)}}}) : "
-                "variables.dynamicMig || variables.mode == 'vgpu' ? "
-                f"{sharing}.transformMapEntry(i, c, {{c.name: []}}) : {{}}"
+                f"{sharing}.transformMapEntry(i, c, {{c.name: {_slice_amounts(policy)}}}) : {{}}"
             ),
+        },
+        {
+            # The sharing containers that loosen a switch, which keep their value there
+            # (see _vgpu_wants).
+            "name": "loosened",
+            "expression": f"variables.mode == 'vgpu' && variables.library ? {sharing}.filter(c, "
+            f"has(c.env) && c.env.exists(e, {loosening(policy, 'e')})).map(c, c.name) : []",
+        },
+        {
+            "name": "vgpuSwitches",
+            "expression": unbind(
+                f"variables.mode == 'vgpu' && variables.library ? {sharing}.transformMapEntry("
+                f"i, c, {{c.name: {_vgpu_switches(policy)}}}) : {{}}"
+            ),
+        },
+        *(
+            {
+                "name": f"{mode}Wants",
+                "expression": unbind(
+                    f"variables.mode == {literal(mode)} ? {sharing}.transformMapEntry("
+                    f"i, c, {{c.name: {container_wants(policy, mode)}}}) : {{}}"
+                ),
+            }
+            for mode in ("vgpu", "mps")
+        ),
+        {
+            "name": "wants",
+            # A dynamic-MIG pod's sharing containers want no env, only their count.
+            "expression": "variables.mode == 'mps' ? variables.mpsWants : "
+            "variables.mode == 'vgpu' && variables.library ? variables.vgpuWants : "
+            "variables.dynamicMig || variables.mode == 'vgpu' ? "
+            f"{sharing}.transformMapEntry(i, c, {{c.name: []}}) : {{}}",
         },
         {
             "name": "implied",
@@ -316,20 +361,24 @@ def mutation_variables(policy: Policy) -> list[Obj]:
             ),
         },
         {"name": "voided", "expression": void},
+        *_injection_data(policy),
+        {"name": "suspect", "expression": _suspect()},
+        {
+            "name": "mpsNodeSelector",
+            "expression": unbind(f"variables.mode == 'mps' ? {_node_selector(policy)} : []"),
+        },
+        {
+            "name": "poolAffinity",
+            "expression": unbind(f"variables.mode in ['vgpu', 'mps'] ? [] : {_pool_ops(policy)}"),
+        },
+        *(
+            {"name": name, "expression": unbind(expression)}
+            for name, expression in zip(
+                ("replacedInContainers", "overridden"), _replaced(policy), strict=True
+            )
+        ),
+        {"name": "removed", "expression": unbind(_removed())},
     ]
-
-
-def _object_literal(type_name: str, item: Mapping[str, Any]) -> str:
-    """A CEL ApplyConfiguration literal of a volume or mount the injection holds."""
-    fields = []
-    for key, value in item.items():
-        if isinstance(value, Mapping):
-            fields.append(f"{key}: {_object_literal(f'{type_name}.{key}', value)}")
-        elif isinstance(value, bool):
-            fields.append(f"{key}: {'true' if value else 'false'}")
-        else:
-            fields.append(f"{key}: {literal(str(value))}")
-    return f"{type_name}{{{', '.join(fields)}}}"
 
 
 def _by_mode(values: Mapping[str, str], otherwise: str) -> str:
@@ -339,19 +388,21 @@ def _by_mode(values: Mapping[str, str], otherwise: str) -> str:
     return expression
 
 
-def _injected(
-    policy: Policy, type_name: str, items: Callable[[Injection], Iterable[Mapping[str, Any]]]
-) -> str:
-    """The volumes or mounts (``items`` of the injection) of the object's mode, as
-    ApplyConfiguration literals of ``type_name``."""
-    by_mode = {
-        mode: "["
-        + ", ".join(_object_literal(type_name, item) for item in items(injection_for(mode, policy)))
-        + "]"
-        for mode in ("vgpu", "mps")
-    }
-    by_mode["vgpu"] = f"(variables.library ? {by_mode['vgpu']} : [])"
-    return _by_mode(by_mode, "[]")
+def _mounts(type_name: str) -> str:
+    """``variables.injectionMounts`` as ApplyConfiguration literals of ``type_name``."""
+    return (
+        f"variables.injectionMounts.map(i, {type_name}{{name: i.name, mountPath: i.mountPath, "
+        "?readOnly: i.readOnly == 'true' ? optional.of(true) : optional.none()})"
+    )
+
+
+def _volumes(type_name: str) -> str:
+    """``variables.injectionVolumes`` as ApplyConfiguration literals of ``type_name``."""
+    return (
+        f"variables.injectionVolumes.map(i, i.path == '' ? {type_name}{{name: i.name, "
+        f"emptyDir: {type_name}.emptyDir{{}}}} : {type_name}{{name: i.name, "
+        f"hostPath: {type_name}.hostPath{{path: i.path, type: i.type}}}})"
+    )
 
 
 def _containers_apply(kind: str, shape: Shape, policy: Policy) -> str:
@@ -359,7 +410,7 @@ def _containers_apply(kind: str, shape: Shape, policy: Policy) -> str:
     count resource, those that ask for no GPU with the void."""
     container = f"{shape.type}.spec.{kind}"
     listed = f"(has(variables.spec.{kind}) ? variables.spec.{kind} : [])"
-    mounts = _injected(policy, f"{container}.volumeMounts", lambda i: i.mounts)
+    mounts = _mounts(f"{container}.volumeMounts")
     implied = (
         f"?resources: variables.implied[c.name] == '' ? optional.none() : optional.of("
         f"{container}.resources{{limits: {{variables.implied[c.name]: '1'}}, "
@@ -399,7 +450,7 @@ def _apply(shape: Shape, policy: Policy) -> str:
     )
     fields = [scheduler, "?hostIPC: variables.mode == 'mps' ? optional.of(true) : optional.none()"]
 
-    volumes = _injected(policy, f"{shape.type}.spec.volumes", lambda i: i.volumes)
+    volumes = _volumes(f"{shape.type}.spec.volumes")
     fields.append(f"volumes: {volumes}")
     fields.extend(_containers_apply(kind, shape, policy) for kind in MUTATED_KINDS)
     meta = (
@@ -413,9 +464,9 @@ _NODE_AFFINITY: Final = "nodeAffinity"
 
 
 def _pool_ops(policy: Policy) -> str:
-    """JSONPatch adds of ``mutation._pool_ops``: the required node affinity away from the
-    sharing pool, added at the level that is missing, else each pool requirement a
-    nodeSelectorTerm lacks appended to it. The terms are atomic lists, which an
+    """The adds (:func:`_added`) of ``mutation._pool_ops``: the required node affinity
+    away from the sharing pool, added at the level that is missing, else each pool
+    requirement a nodeSelectorTerm lacks appended to it. The terms are atomic lists, which an
     ApplyConfiguration may not touch once there; the values are plain maps and lists,
     never Object{} initializers (kubernetes#142181)."""
     if not policy.sharing_pool:
@@ -438,7 +489,7 @@ def _pool_ops(policy: Policy) -> str:
     with_required = f"{{'{REQUIRED}': {with_terms}}}"
 
     def add(path: str, value: str) -> str:
-        return f"[JSONPatch{{op: 'add', path: {path}, value: {value}}}]"
+        return f"[{_added(path, value)}]"
 
     per_term = (
         f"lists.range(size({required}.nodeSelectorTerms)).map(i, "
@@ -446,7 +497,7 @@ def _pool_ops(policy: Policy) -> str:
         "'/nodeSelectorTerms/' + string(i) + '/matchExpressions', "
         f"!has(t.matchExpressions) ? {add('p', 'w')} : w.filter(x, !t.matchExpressions.exists("
         "e, e.key == x['key'] && e.operator == 'NotIn' && has(e.values) && "
-        "e.values == x['values'])).map(x, JSONPatch{op: 'add', path: p + '/-', value: x}))))"
+        f"e.values == x['values'])).map(x, {_added('p + ' + literal('/-'), 'x')}))))"
         ".flatten()"
     )
     pod_at = "variables.pointer + '/affinity'"
@@ -461,102 +512,150 @@ def _pool_ops(policy: Policy) -> str:
 
 
 def _remove(pointer: str) -> str:
-    return f".reverse().map(j, JSONPatch{{op: 'remove', path: {pointer} + string(j)}})"
+    """The JSON pointers of the filtered indices, from the last, under ``pointer``."""
+    return f".reverse().map(j, {pointer} + string(j))"
 
 
 # The names the mutation sets that do not start with CUDA_ (container_wants).
 _SET_OUTSIDE_CUDA: Final = ("LD_PRELOAD", "GPU_CORE_UTILIZATION_POLICY", "ACTIVE_OOM_KILLER")
 
 
-def _removals(policy: Policy, mode: Mode) -> str:
-    """JSONPatch removals, each list's from its last index, of what the apply cannot
-    fix in a pod of ``mode`` (see the module's docstring)."""
+def _injection_data(policy: Policy) -> list[Obj]:
+    """The variables ``injectionMounts`` and ``injectionVolumes``: what the object's mode
+    injects (``injection_for``), as data, so that what reads or writes it is rendered
+    once for every mode. Every value a string, so each list is of one type: a mount's
+    ``readOnly`` is ``'true'`` where it is set, a volume's ``path`` is ``''`` for an
+    emptyDir (the injection holds hostPath and emptyDir volumes only)."""
+
+    def mount(m: Mapping[str, Any]) -> str:
+        read_only = "true" if m.get("readOnly") else ""
+        return (
+            f"{{'name': {literal(m['name'])}, 'mountPath': {literal(m['mountPath'])}, "
+            f"'readOnly': {literal(read_only)}}}"
+        )
+
+    def volume(v: Mapping[str, Any]) -> str:
+        if set(v) - {"name", "hostPath", "emptyDir"} or v.get("emptyDir"):
+            raise ValueError(f"an injected volume of a kind not rendered: {v}")
+        host = v.get("hostPath", {"path": "", "type": ""})
+        return (
+            f"{{'name': {literal(v['name'])}, 'path': {literal(host['path'])}, "
+            f"'type': {literal(host['type'])}}}"
+        )
+
+    by_mode: dict[str, tuple[str, str]] = {}
+    for mode in ("vgpu", "mps"):
+        injection = injection_for(mode, policy)
+        by_mode[mode] = (
+            "[" + ", ".join(map(mount, injection.mounts)) + "]",
+            "[" + ", ".join(map(volume, injection.volumes)) + "]",
+        )
+    return [
+        {
+            "name": name,
+            "expression": _by_mode(
+                {
+                    "vgpu": f"(variables.library ? {by_mode['vgpu'][i]} : [])",
+                    "mps": by_mode["mps"][i],
+                },
+                "[]",
+            ),
+        }
+        for i, name in enumerate(("injectionMounts", "injectionVolumes"))
+    ]
+
+
+# A mount ``m`` at an injected path, and one that is the injected mount there
+# (``mutation._same_mount``: its volume, read-only as injected, no subPath).
+_AT_INJECTED: Final = "variables.injectionMounts.exists(i, i.mountPath == m.mountPath)"
+_KEPT_MOUNT: Final = (
+    "variables.injectionMounts.exists(i, i.mountPath == m.mountPath && m.name == i.name && "
+    "(has(m.readOnly) ? m.readOnly : false) == (i.readOnly == 'true') && "
+    "(!has(m.subPath) || m.subPath == '') && (!has(m.subPathExpr) || m.subPathExpr == ''))"
+)
+# A volume ``v`` of an injected name, and one that is the injected volume
+# (``injection.same_volume``: one source per volume, hostPath.type defaulted).
+_OF_INJECTED: Final = "variables.injectionVolumes.exists(i, i.name == v.name)"
+_KEPT_VOLUME: Final = (
+    "variables.injectionVolumes.exists(i, i.name == v.name && (i.path != '' ? "
+    "has(v.hostPath) && v.hostPath.path == i.path && has(v.hostPath.type) && "
+    "v.hostPath.type == i.type : has(v.emptyDir) && !has(v.emptyDir.medium) && "
+    "!has(v.emptyDir.sizeLimit)))"
+)
+# A stray vGPU limit variable ``n``, where ``w`` are the names wanted (vgpu mode only).
+_STRAY: Final = (
+    "variables.mode == 'vgpu' && (n.startsWith('CUDA_DEVICE_MEMORY_LIMIT') || "
+    "n.startsWith('CUDA_DEVICE_SM_LIMIT_')) && !(n in w)"
+)
+# Each sharing container ``c`` of the pod, of kind ``k`` at index ``i``, in order.
+_SHARING_BY_KIND: Final = (
+    "['containers', 'initContainers'].map(k, cel.bind(cs, k == 'containers' ? "
+    "(has(variables.spec.containers) ? variables.spec.containers : []) : "
+    "(has(variables.spec.initContainers) ? variables.spec.initContainers : []), "
+    "lists.range(size(cs)).filter(i, cs[i].name in variables.wants).map(i, "
+    "cel.bind(c, cs[i], {body})))).flatten()"
+)
+
+
+def _suspect() -> str:
+    """Some container sets a name the mutation sets or mounts at one of its paths, or
+    the pod has a volume of one of its names: else there is nothing to remove nor to
+    report replaced. Most pods hold nothing of the kind: a scan of names and paths
+    first skips that work."""
     spec = "variables.spec"
-    injection = injection_for(mode, policy)
-    paths = [m["mountPath"] for m in injection.mounts]
-    mount_kept = " || ".join(
-        f"(m.mountPath == {literal(m['mountPath'])} && {same_mount('m', m)})"
-        for m in injection.mounts
+    return (
+        "size(variables.injectionMounts) > 0 && "
+        f"(({MUTATED_CONTAINERS}).exists(c, (has(c.env) && c.env.exists(e, "
+        f"e.name.startsWith('CUDA_') || e.name in {strings(_SET_OUTSIDE_CUDA)})) || "
+        f"(has(c.volumeMounts) && c.volumeMounts.exists(m, {_AT_INJECTED}))) || "
+        f"(has({spec}.volumes) && {spec}.volumes.exists(v, {_OF_INJECTED})))"
     )
-    stray = (
-        "((n.startsWith('CUDA_DEVICE_MEMORY_LIMIT') || n.startsWith('CUDA_DEVICE_SM_LIMIT_')) "
-        "&& !(n in w))"
-        if mode == "vgpu"
-        else "false"
+
+
+def _removed() -> str:
+    """The JSON pointers to remove, each list's from its last index, of what the apply
+    cannot fix (see the module's docstring): in each sharing container an env entry of
+    a wanted name that takes valueFrom or that a later entry repeats, a stray vGPU
+    limit, a mount at an injected path that is not the injected one; a volume of an
+    injected name that is not the injected one."""
+    spec = "variables.spec"
+    at = "variables.pointer + '/' + k + '/' + string(i)"
+    env = (
+        "cel.bind(env, has(c.env) ? c.env : [], lists.range(size(env)).filter(j, "
+        "cel.bind(n, env[j].name, (n in w && (has(env[j].valueFrom) || "
+        f"lists.range(size(env)).exists(x, x > j && env[x].name == n))) || {_STRAY}))"
+        f"{_remove(at + ' + ' + literal('/env/'))})"
     )
-    parts = []
-    for kind in MUTATED_KINDS:
-        at = f"variables.pointer + {literal('/' + kind + '/')} + string(i)"
-        env_at, mounts_at = " + '/env/'", " + '/volumeMounts/'"
-        env = (
-            "cel.bind(env, has(c.env) ? c.env : [], lists.range(size(env)).filter(j, "
-            "cel.bind(n, env[j].name, (n in w && (has(env[j].valueFrom) || "
-            f"lists.range(size(env)).exists(x, x > j && env[x].name == n))) || {stray}))"
-            f"{_remove(at + env_at)})"
-        )
-        mounts = (
-            "cel.bind(ms, has(c.volumeMounts) ? c.volumeMounts : [], "
-            "lists.range(size(ms)).filter(j, cel.bind(m, ms[j], "
-            f"m.mountPath in {strings(paths)} && !({mount_kept})))"
-            f"{_remove(at + mounts_at)})"
-        )
-        parts.append(
-            f"cel.bind(cs, has({spec}.{kind}) ? {spec}.{kind} : [], "
-            "lists.range(size(cs)).filter(i, cs[i].name in variables.wants)"
-            ".map(i, cel.bind(c, cs[i], cel.bind(w, variables.wants[c.name].map(e, e['name']), "
-            f"{env} + {mounts}))).flatten())"
-        )
-    volume_kept = " || ".join(f"({same_volume('v', v)})" for v in injection.volumes)
-    names = [v["name"] for v in injection.volumes]
-    parts.append(
+    mounts = (
+        "cel.bind(ms, has(c.volumeMounts) ? c.volumeMounts : [], "
+        "lists.range(size(ms)).filter(j, cel.bind(m, ms[j], "
+        f"{_AT_INJECTED} && !{_KEPT_MOUNT}))"
+        f"{_remove(at + ' + ' + literal('/volumeMounts/'))})"
+    )
+    containers = _SHARING_BY_KIND.format(
+        body=f"cel.bind(w, variables.wants[c.name].map(e, e['name']), {env} + {mounts})"
+    )
+    volumes = (
         f"cel.bind(vs, has({spec}.volumes) ? {spec}.volumes : [], "
-        "lists.range(size(vs)).filter(j, cel.bind(v, vs[j], "
-        f"v.name in {strings(names)} && !({volume_kept})))"
+        f"lists.range(size(vs)).filter(j, cel.bind(v, vs[j], {_OF_INJECTED} && !{_KEPT_VOLUME}))"
         f"{_remove('variables.pointer + ' + literal('/volumes/'))})"
     )
-    return f"(({_suspect(policy, mode)}) ? ({' + '.join(parts)}) : [])"
+    return f"variables.suspect ? {containers}.flatten() + {volumes} : []"
 
 
-def _suspect(policy: Policy, mode: Mode) -> str:
-    """Some container sets a name the mutation sets in ``mode`` or mounts at one of its
-    paths, or the pod has a volume of one of its names: else there is nothing to remove
-    nor to report replaced. Each mutation is evaluated on its own (``variables.wants``
-    again), and most pods hold nothing of the kind: a scan of names and paths first
-    skips that work."""
+def _replaced(policy: Policy) -> tuple[str, str]:
+    """The variables ``replacedInContainers`` and ``overridden``: what the mutation
+    replaces in the sharing containers, and in the object, in the core's redacted words
+    and order (``mutation.Patch.overwritten``): the injected volumes of another source, then per
+    sharing container the last entry of each wanted name with another value (or
+    valueFrom), the stray vGPU limits (from the last), the mounts at the injected paths
+    that differ. Read on the object as it came in: the JSONPatch that records it is the
+    first mutation."""
     spec = "variables.spec"
-    injection = injection_for(mode, policy)
-    paths = [m["mountPath"] for m in injection.mounts]
-    names = [v["name"] for v in injection.volumes]
-    containers = f"({MUTATED_CONTAINERS})"
-    return (
-        f"{containers}.exists(c, (has(c.env) && c.env.exists(e, e.name.startsWith('CUDA_') || "
-        f"e.name in {strings(_SET_OUTSIDE_CUDA)})) || (has(c.volumeMounts) && "
-        f"c.volumeMounts.exists(m, m.mountPath in {strings(paths)}))) || "
-        f"(has({spec}.volumes) && {spec}.volumes.exists(v, v.name in {strings(names)}))"
-    )
-
-
-def _overridden(policy: Policy, mode: Mode) -> str:
-    """What the mutation replaces in a pod (or template) of ``mode``, in the core's
-    redacted words and order (``mutation.Patch.overwritten``): the injected volumes of
-    another source, then per sharing container the last entry of each wanted name with
-    another value (or valueFrom), the stray vGPU limits (from the last), the mounts at
-    the injected paths that differ. Read on the object as it came in: this mutation
-    runs first."""
-    spec = "variables.spec"
-    injection = injection_for(mode, policy)
-    volume_kept = " || ".join(f"({same_volume('v', v)})" for v in injection.volumes)
-    names = strings(v["name"] for v in injection.volumes)
     volumes = (
-        f"(has({spec}.volumes) ? {spec}.volumes : []).filter(v, v.name in {names} && "
-        f"!({volume_kept or 'false'})).map(v, 'pod: volume ' + v.name + "
-        "' replaced by the injected one')"
+        f"(has({spec}.volumes) ? {spec}.volumes : []).filter(v, {_OF_INJECTED} && "
+        f"!{_KEPT_VOLUME}).map(v, 'pod: volume ' + v.name + ' replaced by the injected one')"
     )
-    mount_kept = " || ".join(
-        f"(m.mountPath == {literal(m['mountPath'])} && {same_mount('m', m)})"
-        for m in injection.mounts
-    )
-    paths = strings(m["mountPath"] for m in injection.mounts)
     unreported = strings(sorted(UNREPORTED))
     replaced = (
         f"variables.wants[c.name].filter(w, !(w['name'] in {unreported})).map(w, "
@@ -567,26 +666,28 @@ def _overridden(policy: Policy, mode: Mode) -> str:
         ": '')))).filter(t, t != '')"
     )
     stray = (
-        "env.filter(e, (e.name.startsWith('CUDA_DEVICE_MEMORY_LIMIT') || "
-        "e.name.startsWith('CUDA_DEVICE_SM_LIMIT_')) && !variables.wants[c.name].exists(w, "
-        "w['name'] == e.name)).reverse().map(e, label + e.name + "
-        "' removed (limits come from resources)')"
-        if mode == "vgpu"
-        else "[]"
+        "cel.bind(w, variables.wants[c.name].map(x, x['name']), env.filter(e, "
+        f"cel.bind(n, e.name, {_STRAY})).reverse().map(e, label + e.name + "
+        "' removed (limits come from resources)'))"
     )
     mounts = (
-        f"(has(c.volumeMounts) ? c.volumeMounts : []).filter(m, m.mountPath in {paths} && "
-        f"!({mount_kept or 'false'})).map(m, label + 'mount ' + m.mountPath + "
+        f"(has(c.volumeMounts) ? c.volumeMounts : []).filter(m, {_AT_INJECTED} && "
+        f"!{_KEPT_MOUNT}).map(m, label + 'mount ' + m.mountPath + "
         "' replaced by the injected one')"
     )
-    per_kind = [
-        f"(has({spec}.{kind}) ? {spec}.{kind} : []).filter(c, c.name in variables.wants)"
-        f".map(c, cel.bind(label, {literal(KIND_LABELS[kind] + ' ')} + '\"' + c.name + "
-        "'\": ', cel.bind(env, has(c.env) ? c.env : [], "
-        f"{replaced} + {stray} + {mounts}))).flatten()"
-        for kind in MUTATED_KINDS
-    ]
-    return " + ".join([volumes, *per_kind])
+    labels = (
+        "{"
+        + ", ".join(f"{literal(k)}: {literal(KIND_LABELS[k] + ' ')}" for k in MUTATED_KINDS)
+        + "}"
+    )
+    containers = _SHARING_BY_KIND.format(
+        body=f"cel.bind(label, {labels}[k] + '\"' + c.name + '\": ', "
+        f"cel.bind(env, has(c.env) ? c.env : [], {replaced} + {stray} + {mounts}))"
+    )
+    found = f"variables.suspect ? {volumes} + variables.replacedInContainers : []"
+    # Once each, as the core reports a finding (a name repeated is removed twice).
+    once = "lists.range(size(all)).filter(i, !lists.range(i).exists(j, all[j] == all[i]))"
+    return f"{containers}.flatten()", f"cel.bind(all, {found}, {once}.map(i, all[i]))"
 
 
 def _set(field: str, key: str, value: str) -> str:
@@ -599,35 +700,30 @@ def _set(field: str, key: str, value: str) -> str:
     )
 
 
-def _record(policy: Policy) -> str:
-    """A JSONPatch that writes what the mutation replaces into the object's own
-    annotation ``OVERRIDES_ANNOTATION`` (one line each), for the warning
-    ValidatingAdmissionPolicy to read, and the label of the same key, which that
-    policy's objectSelector asks for: an object without it costs no CEL there. A
-    MutatingAdmissionPolicy has no warnings of its own, and a validation sees only the
-    mutated object. Nothing replaced, nothing written: on a reinvocation the values are
-    ours, and what the first pass wrote stays."""
-    found = _by_mode(
-        {
-            "vgpu": f"(variables.library && ({_suspect(policy, 'vgpu')}) ? "
-            f"{_overridden(policy, 'vgpu')} : [])",
-            "mps": f"(({_suspect(policy, 'mps')}) ? {_overridden(policy, 'mps')} : [])",
-        },
-        "[]",
-    )
+def _record() -> str:
+    """JSONPatch ops that write ``variables.overridden`` into the object's own annotation
+    ``OVERRIDES_ANNOTATION`` (one line each), for the warning ValidatingAdmissionPolicy
+    to read, and the label of the same key, which that policy's objectSelector asks for:
+    an object without it costs no CEL there. A MutatingAdmissionPolicy has no warnings
+    of its own, and a validation sees only the mutated object. Nothing replaced,
+    nothing written: what a first pass wrote stays on a reinvocation."""
     key = literal(OVERRIDES_ANNOTATION)
-    # Once each, as the core reports a finding (a name repeated is removed twice).
-    once = "lists.range(size(all)).filter(i, !lists.range(i).exists(j, all[j] == all[i]))"
-    annotation = _set("annotations", key, "found.join('\\n')")
+    annotation = _set("annotations", key, "variables.overridden.join('\\n')")
     label = _set("labels", key, literal(OVERRIDES_LABEL_VALUE))
-    return (
-        f"cel.bind(all, {found}, cel.bind(found, {once}.map(i, all[i]), "
-        f"size(found) == 0 ? [] : [{annotation}, {label}]))"
-    )
+    return f"size(variables.overridden) == 0 ? [] : [{annotation}, {label}]"
+
+
+_ESCAPED_KEY: Final = "k.replace('~', '~0').replace('/', '~1')"
+
+
+def _added(path: str, value: str) -> str:
+    """A JSONPatch add as data, for a variable (where no JSONPatch can be made): its path
+    and value, each ``dyn`` so that adds of maps and lists are of one type."""
+    return f"{{'path': dyn({path}), 'value': dyn({value})}}"
 
 
 def _node_selector(policy: Policy) -> str:
-    """JSONPatch adds of the MPS node selector's missing keys (``mutation._mps_ops``): a
+    """The adds (:func:`_added`) of the MPS node selector's missing keys (``mutation._mps_ops``): a
     pod's nodeSelector is an atomic map, which an ApplyConfiguration may not touch. Each
     adds what is absent, so a rerun finds nothing to add."""
     if not policy.mps_node_selector:
@@ -639,13 +735,14 @@ def _node_selector(policy: Policy) -> str:
         + "}"
     )
     keys = strings(policy.mps_node_selector)
+    at = "variables.pointer + '/nodeSelector'"
     # A pod its scheduler places by the card's mode gets none (ModeChoice.placed).
     return (
         f"({placed_mps(policy)} ? [] : "
         f"(has({spec}.nodeSelector) ? {keys}.filter(k, !(k in {spec}.nodeSelector)).map(k, "
-        "JSONPatch{op: 'add', path: variables.pointer + '/nodeSelector/' + "
-        f"jsonpatch.escapeKey(k), value: {table}[k]}}) : [JSONPatch{{op: 'add', "
-        f"path: variables.pointer + '/nodeSelector', value: {table}}}]))"
+        # RFC 6901's escapes: jsonpatch.escapeKey is a mutation's alone, not a variable's.
+        f"{_added(at + ' + ' + literal('/') + ' + ' + _ESCAPED_KEY, f'{table}[k]')}) : "
+        f"[{_added(at, table)}]))"
     )
 
 
@@ -672,30 +769,30 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
             rule["operations"] = ["CREATE"]
     shared = mutation_variables(policy)
     exemptions = exemption_conditions(policy)
+    # A matchCondition binds no variables: the pod spec (or template's) is bound once
+    # here, by a one-element list, instead of dispatched on the kind per container list.
     spec_of = template("object", "spec")
-    containers = container_list(f"({spec_of})")
-    gpu = gpu_test(policy, f"({containers})", inline=True)
+    containers = f"({container_list('s')})"
+    gpu = gpu_test(policy, containers, inline=True)
     # The env scan first: most GPU pods name no NVIDIA env, and then the GPU test (the
     # longer one) is never evaluated.
     nvidia = (
-        f"({containers}).exists(c, has(c.env) && "
+        f"{containers}.exists(c, has(c.env) && "
         "c.env.exists(e, e.name == 'CUDA_VERSION' || e.name.startsWith('NVIDIA_')))"
     )
     if policy.gpu_runtime_classes:
         # mutation.needs_void: under a GPU runtime class every container without a GPU.
-        runtime = f"has(({spec_of}).runtimeClassName) && " + (
-            f"({spec_of}).runtimeClassName in {strings(sorted(policy.gpu_runtime_classes))}"
+        runtime = "has(s.runtimeClassName) && " + (
+            f"s.runtimeClassName in {strings(sorted(policy.gpu_runtime_classes))}"
         )
         nvidia = f"({runtime}) || {nvidia}"
-    nvidia = f"({nvidia}) && !({gpu})"
-    removals = _by_mode(
-        {
-            "vgpu": f"(variables.library ? {_removals(policy, 'vgpu')} : [])",
-            "mps": f"{_removals(policy, 'mps')} + {_node_selector(policy)}",
-        },
-        _pool_ops(policy),
+    nvidia = f"[{spec_of}].exists(s, ({nvidia}) && !({gpu}))"
+    gpu = f"[{spec_of}].exists(s, {gpu})"
+    patch = (
+        f"({_record()}) + variables.removed.map(p, JSONPatch{{op: 'remove', path: p}}) + "
+        "(variables.mpsNodeSelector + variables.poolAffinity).map(a, "
+        "JSONPatch{op: 'add', path: a.path, value: a.value})"
     )
-    patch = removals
     mutate: Obj = {
         "failurePolicy": "Fail",
         "matchConstraints": constraints,
@@ -703,11 +800,13 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         "reinvocationPolicy": "IfNeeded",
         "variables": shared,
         "mutations": [
-            # What the others replace, read on the object as it came: a mutation of its
-            # own, as each has its own cost budget (a large pod's removals take much of
-            # theirs); it scans names first, as the removals do.
-            {"patchType": "JSONPatch", "jsonPatch": {"expression": unbind(_record(policy))}},
-            {"patchType": "JSONPatch", "jsonPatch": {"expression": unbind(patch)}},
+            # The record of what the apply replaces, then the removals, both read on the
+            # object as it came: one JSONPatch, as the apiserver encodes, patches and
+            # decodes the whole object for each JSONPatch mutation, empty or not.
+            {
+                "patchType": "JSONPatch",
+                "jsonPatch": {"expression": unbind(patch)},
+            },
             {
                 "patchType": "ApplyConfiguration",
                 "applyConfiguration": {

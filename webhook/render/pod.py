@@ -98,13 +98,18 @@ def vacant(policy: Policy, container: str) -> str:
         f"[has({c}.resources.limits) ? {c}.resources.limits : {{}}, "
         f"has({c}.resources.requests) ? {c}.resources.requests : {{}}]"
     )
+    return f"has({c}.resources) && {_vacant_parts(policy, parts)}"
+
+
+def _vacant_parts(policy: Policy, parts: str) -> str:
+    """:func:`vacant` of a container's ``[limits, requests]`` list ``parts``."""
     priorities = sorted(policy.priority_resources)
     other = f"r in {strings(priorities)} || " if priorities else ""
     zeroed = f"!({other}!({zero('X[r]')}))"
     counts = sorted(policy.count_resources)
     counted = f"r in {strings(counts)} || " if counts else ""
     return (
-        f"has({c}.resources) && {parts}.all(X, X.all(r, !({gpu_resource(policy)}) || {zeroed})) "
+        f"{parts}.all(X, X.all(r, !({gpu_resource(policy)}) || {zeroed})) "
         f"&& {parts}.exists(X, X.exists(r, {counted}{mig_test(policy)}))"
     )
 
@@ -147,7 +152,16 @@ def gpu_test(policy: Policy, containers: str, *, inline: bool = False) -> str:
     listed = f"r in {strings(sorted(policy.gpu_resources))}" if policy.gpu_resources else "false"
     test = f"{listed} || {mig_test(policy)}"
     if inline and vacates(policy):
-        return f"{containers}.exists(c, !({vacant(policy, 'c')}) && {names_test('c', test)})"
+        # A container's limits and requests bound once, as ``P``; the names first: they
+        # settle a pod that asks for no GPU, the amounts do not.
+        parts = (
+            "[[has(c.resources.limits) ? c.resources.limits : {}, "
+            "has(c.resources.requests) ? c.resources.requests : {}]]"
+        )
+        return (
+            f"{containers}.exists(c, has(c.resources) && {parts}.exists(P, "
+            f"P.exists(X, X.exists(r, {test})) && !({_vacant_parts(policy, 'P')})))"
+        )
     return requests_test(policy, containers, test)
 
 

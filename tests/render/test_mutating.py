@@ -1,0 +1,122 @@
+"""The MutatingAdmissionPolicies' matchConditions against their core twins, without Go.
+
+Which pod or template each policy is sent is decided by its matchConditions alone: the
+GPU test of ``gpushare-mutate`` is the core's ``PodRequests.gpu``, and the condition of
+``gpushare-void`` is ``mutation.needs_void`` of a pod that asks for no GPU. Both are
+evaluated here by tests/render/celeval.py on objects as kube-apiserver hands them to
+admission; tests/e2e/test_mutatingpolicy.py holds what the mutations then write equal
+to the core's through a real kube-apiserver.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Final
+
+from hypothesis import strategies as st
+
+from tests.core.strategies import attacked_objects, objects
+from tests.e2e.rest import sendable
+from tests.e2e.test_celpolicy import POLICY
+from tests.render import celeval
+from tests.render.admitted import Refused, admitted
+from tests.render.test_cel_equality import _draw_all, _runtime_classes
+from webhook.core.mutation import needs_void
+from webhook.core.resources import read_pod
+from webhook.core.workload import find_pod
+from webhook.render.mutating import MUTATE, VOID_POLICY, mutating_policies
+
+Obj = dict[str, Any]
+
+EXAMPLES: Final = 600
+NAMESPACE: Final = "ml"
+
+
+def _condition(policy_name: str, condition: str) -> celeval.Policy:
+    """The one matchCondition ``condition`` of the rendered ``policy_name``, as a policy
+    of that condition alone (an exemption condition beside it is the scope's, tested in
+    tests/render/test_scope.py)."""
+    (rendered,) = [
+        o
+        for o in mutating_policies(POLICY)
+        if o["kind"] == "MutatingAdmissionPolicy" and o["metadata"]["name"] == policy_name
+    ]
+    (chosen,) = [c for c in rendered["spec"]["matchConditions"] if c["name"] == condition]
+    return celeval.Policy(
+        {"metadata": {"name": policy_name}, "spec": {"matchConditions": [chosen]}}
+    )
+
+
+GPU: Final = _condition(MUTATE, "gpushare.io/gpu")
+NEEDS_VOID: Final = _condition(VOID_POLICY, "gpushare.io/needs-void")
+
+
+def _pod(*containers: Obj, **spec: Any) -> tuple[str, Obj]:
+    return "Pod", {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "spec": {"containers": list(containers), **spec},
+    }
+
+
+def _container(name: str, *, env: tuple[str, ...] = (), limits: Obj | None = None) -> Obj:
+    container: Obj = {"name": name, "image": "cuda"}
+    if env:
+        container["env"] = [{"name": e, "value": "all"} for e in env]
+    if limits:
+        container["resources"] = {"limits": limits}
+    return container
+
+
+# The void's reasons one by one, and a zero count (asks for nothing) beside each.
+VOID_CASES: Final = (
+    _pod(_container("a", env=("NVIDIA_VISIBLE_DEVICES",))),
+    _pod(_container("a", env=("CUDA_VERSION",))),
+    _pod(_container("a"), _container("b", env=("NVIDIA_DRIVER_CAPABILITIES",))),
+    _pod(_container("a"), runtimeClassName="nvidia"),
+    _pod(_container("a", limits={"nvidia.com/gpu": "0"}), runtimeClassName="nvidia-cdi"),
+    _pod(_container("a", env=("NVIDIA_VISIBLE_DEVICES",), limits={"nvidia.com/gpu": "0"})),
+    _pod(_container("a", limits={"nvidia.com/gpu": "0", "nvidia.com/gpumem": "3000"})),
+    _pod(_container("a", env=("NVIDIA_VISIBLE_DEVICES",), limits={"nvidia.com/gpu": "1"})),
+    _pod(_container("a"), runtimeClassName="kata"),
+)
+
+
+def test_the_policies_are_sent_what_the_core_mutates() -> None:
+    """Generated pods and workloads, careful and attacked (zero counts beside amounts,
+    MIG, DRA, NVIDIA env, GPU runtime classes): each condition holds exactly where its
+    core twin does, without an error."""
+    drawn = [*VOID_CASES, *_draw_all(st.one_of(objects(), attacked_objects()), EXAMPLES)]
+    seen: Counter[str] = Counter()
+    mismatches: list[tuple[str, bool, bool, Obj]] = []
+    for number, (kind, obj) in enumerate(drawn):
+        try:
+            stored = admitted(
+                kind,
+                sendable(kind, obj, f"m{number}"),
+                namespace=NAMESPACE,
+                runtime_classes=_runtime_classes(POLICY),
+            )
+        except Refused:
+            continue
+        view = find_pod(stored, kind)
+        assert view is not None
+        requests = read_pod(view.spec, POLICY)
+        request = celeval.admission_request(
+            kind, namespace=NAMESPACE, name=stored["metadata"].get("name", "")
+        )
+        for name, cel, want in (
+            ("gpu", GPU, requests.gpu),
+            (
+                "needs-void",
+                NEEDS_VOID,
+                not requests.gpu and needs_void(view.spec, requests, POLICY),
+            ),
+        ):
+            outcome = cel.evaluate(stored, request)
+            if outcome.errors or outcome.matched != want:
+                mismatches.append((name, outcome.matched, want, stored))
+            seen[f"{name}={want}"] += 1
+    assert not mismatches, (len(mismatches), mismatches[0])
+    # Each side of each condition was reached.
+    assert all(seen[f"{n}={w}"] >= 5 for n in ("gpu", "needs-void") for w in (True, False)), seen
