@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tests.paths import DEFAULT_POLICY_FILE, ROOT
 from webhook.cli import main
-from webhook.core.policy import RULE_IDS
+from webhook.core.policy import RULE_IDS, Policy
 from webhook.install import manifests
 from webhook.install.fingerprint import ANNOTATION, spec_fingerprint, stamp
 from webhook.policies import DEFAULT_POLICY, parse_policy
@@ -209,8 +209,20 @@ def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
     specs = [p["spec"] for p in policies.values()]
     for key in ("matchConstraints", "matchConditions", "failurePolicy"):
         assert all(spec[key] == specs[0][key] for spec in specs), key
-    shared = specs[0]["variables"]
-    assert all(spec["variables"][: len(shared)] == shared for spec in specs)
+    shared = [
+        v["name"] for v in [*variables.variables(CUSTOM), *requests.request_variables(CUSTOM)]
+    ]
+    assert all(
+        spec["variables"][: len(shared)] == specs[0]["variables"][: len(shared)] for spec in specs
+    )
+    own = validating.rule_variables(CUSTOM)
+    for name, spec in zip(policies, specs, strict=True):
+        names = [v["name"] for v in spec["variables"]]
+        assert names[: len(shared)] == shared
+        # A rule's own variables only where the rule is.
+        assert {n for n in names[len(shared) :] if not n.startswith("holds_")} == {
+            v["name"] for rule in rules[name] for v in own.get(rule, [])
+        }, name
 
 
 def test_exemptions_and_writers_are_rendered() -> None:
@@ -321,8 +333,19 @@ spec:
 )
 
 
+def rule_text(policy: Policy, rule: str, *, old: bool = True) -> str:
+    """``rule``'s expression and those of the variables it alone reads (without ``old``,
+    not the old pod's pieces)."""
+    pieces = [
+        v["expression"]
+        for v in validating.rule_variables(policy).get(rule, [])
+        if old or not re.fullmatch("old[A-Z].*", v["name"])
+    ]
+    return "\n".join([validating.rule_expressions(policy)[rule], *pieces])
+
+
 def test_host_device_access_renders_the_policys_paths() -> None:
-    expression = validating.rule_expressions(HOST_PATHS)["host-device-access"]
+    expression = rule_text(HOST_PATHS, "host-device-access")
     # Protected roots normalised, with the directories above them.
     for text in ('"/srv/gpu/secrets"', 'startsWith("/srv/gpu/secrets/")', '"/srv/gpu"'):
         assert text in expression
@@ -332,7 +355,7 @@ def test_host_device_access_renders_the_policys_paths() -> None:
     # HAMi-core's own lock directory is read inside the container whatever the policy.
     assert 'q.startsWith("/tmp/vgpulock/")' in expression
     # The allow list as the core's _within reads it: "/data/" is matched as written.
-    assert 'p in ["/data/", "/mnt/datasets", "/srv"]' in expression
+    assert 'h.path in ["/data/", "/mnt/datasets", "/srv"]' in expression
     assert 'startsWith("/data/")' in expression and 'startsWith("/srv/")' in expression
     # The preload file is injected, so exempt when exact.
     assert '"/opt/vgpu/lib/ld.so.preload"' in expression
@@ -342,9 +365,11 @@ def test_host_device_access_renders_the_policys_paths() -> None:
 
 
 def test_host_device_access_in_denylist_mode_has_no_allow_list() -> None:
-    expression = validating.rule_expressions(DEFAULT_POLICY)["host-device-access"]
+    expression = rule_text(DEFAULT_POLICY, "host-device-access")
     # In denylist mode only the host namespaces ask whether the pod asks for a GPU.
-    assert "variables.gpu && !(" not in expression.split("variables.podUpdate")[0]
+    assert "variables.gpu" not in rule_text(
+        DEFAULT_POLICY, "host-device-access", old=False
+    ).replace("variables.gpu && ((has(variables.spec.hostPID)", "")
     # preload: env injects no file; HAMi's device plugin still mounts one in containers.
     assert '"/usr/local/vgpu/ld.so.preload"' not in expression
     assert 'q == "/etc/ld.so.preload"' in expression or '"/etc/ld.so.preload"' in expression
@@ -404,13 +429,13 @@ def test_mode_conflict_renders_the_policys_namespaces_per_mode() -> None:
     default = validating.rule_expressions(DEFAULT_POLICY)["mode-conflict"]
     assert "request.namespace" not in default
     # The percentage an mps pod cannot be capped by without the cluster view.
-    assert "variables.mode == 'mps' && (variables.mainAsks + variables.initAsks)" in default
+    assert "variables.mode == 'mps' && variables.asks.exists(a, " in default
     assert "a['pct'] > 0 && a['m'] == 0" in default
 
 
 def test_unmutated_gpu_pod_asks_for_what_the_policys_mutation_injects() -> None:
-    default = validating.rule_expressions(DEFAULT_POLICY)["unmutated-gpu-pod"]
-    strict = validating.rule_expressions(STRICT)["unmutated-gpu-pod"]
+    default = rule_text(DEFAULT_POLICY, "unmutated-gpu-pod")
+    strict = rule_text(STRICT, "unmutated-gpu-pod")
     for name in ("CUDA_DEVICE_MEMORY_LIMIT_", "CUDA_DEVICE_SM_LIMIT", "CUDA_MPS_PIPE_DIRECTORY"):
         assert name in default and name in strict, name
     # preload: env prepends the library; preload: file mounts ld.so.preload, and puts the

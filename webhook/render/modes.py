@@ -149,10 +149,7 @@ def mode_conflict(policy: Policy) -> str:
     )
     terms.append(f"{mode} != 'none' && !({allowed})")
     if policy.memory_percentage_resources:
-        terms.append(
-            f"{mode} == 'mps' && (variables.mainAsks + variables.initAsks)"
-            ".exists(a, a['pct'] > 0 && a['m'] == 0)"
-        )
+        terms.append(f"{mode} == 'mps' && variables.asks.exists(a, a['pct'] > 0 && a['m'] == 0)")
     # A pod that keeps its scheduler for whole GPUs uses no mode (the core drops the
     # choice's findings).
     return (

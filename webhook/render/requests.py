@@ -205,6 +205,8 @@ def request_variables(policy: Policy) -> list[Obj]:
             "expression": f"has({spec}.initContainers) ? {spec}.initContainers"
             f".filter(c, !({is_vacant(policy, 'c')})).map(c, {_ask(policy, 'c', init=True)}) : []",
         },
+        # Both, in askNames' order.
+        {"name": "asks", "expression": "variables.mainAsks + variables.initAsks"},
     ]
 
 
@@ -222,7 +224,7 @@ def gpu_quota(policy: Policy) -> str | None:
     container beside the sidecars declared before it)."""
     each, pod = policy.container_maxima, policy.pod_maxima
     terms = []
-    asks = "(variables.mainAsks + variables.initAsks)"
+    asks = "variables.asks"
     per_container = []
     if each.gpus is not None:
         per_container.append(f"a['d'] > {each.gpus}")

@@ -136,14 +136,21 @@ from webhook.render.admission import (
 )
 from webhook.render.cel import literal, text
 from webhook.render.claims import pod_claims, written_claims
-from webhook.render.env import limit_tampering, raw_visible_devices, written_env
+from webhook.render.env import (
+    env_tables,
+    limit_tampering,
+    raw_visible_devices,
+    tampering_pieces,
+    visible_pieces,
+    written_env,
+)
 from webhook.render.exception import excepted, unless_excepted
 from webhook.render.forged import forged_allocation
 from webhook.render.messages import MESSAGES, SOURCE_MESSAGES, message_expressions
 from webhook.render.modes import mode_conflict
-from webhook.render.mutated import unmutated
-from webhook.render.paths import host_device_access
-from webhook.render.pod import Obj, PodTest
+from webhook.render.mutated import unmutated, unmutated_variables
+from webhook.render.paths import host_access_variables, host_device_access
+from webhook.render.pod import Obj, PodTest, pod_pieces
 from webhook.render.privilege import node_name_pinning, privileged_gpu
 from webhook.render.requests import gpu_quota, invalid_gpu_request, request_variables
 from webhook.render.scheduling import scheduler_bypass
@@ -216,7 +223,7 @@ def rule_expressions(policy: Policy) -> dict[str, str]:
         "privileged-gpu": _pod_rule(privileged_gpu),
         "node-name-pinning": _pod_rule(node_name_pinning),
         "raw-visible-devices": _pod_rule(raw_visible_devices(policy)),
-        "host-device-access": host_device_access(policy),
+        "host-device-access": _pod_rule(host_device_access(policy)),
         "limit-tampering": _pod_rule(limit_tampering(policy)),
         "invalid-gpu-request": invalid_gpu_request(policy),
         "mode-conflict": mode_conflict(policy),
@@ -236,6 +243,30 @@ def rule_expressions(policy: Policy) -> dict[str, str]:
 
 
 RULES: Final = tuple(MESSAGES)
+
+
+def rule_variables(policy: Policy) -> dict[str, list[Obj]]:
+    """The variables each rule's validation and message read beyond the shared ones (in
+    the order they read each other), rendered only where the rule is: each a piece a
+    person reads by its name, evaluated once per object, when first read."""
+    return {
+        "raw-visible-devices": [*env_tables(), *pod_pieces(visible_pieces(policy))],
+        "host-device-access": host_access_variables(policy),
+        "limit-tampering": [*env_tables(), *pod_pieces(tampering_pieces(policy))],
+        "unmutated-gpu-pod": unmutated_variables(policy),
+    }
+
+
+def _rule_variables(policy: Policy, rules: Iterable[str]) -> list[Obj]:
+    """The variables of ``rules`` (:func:`rule_variables`), one of each name."""
+    found: dict[str, Obj] = {}
+    every = rule_variables(policy)
+    for rule in rules:
+        for variable in every.get(rule, ()):
+            kept = found.setdefault(variable["name"], variable)
+            if kept["expression"] != variable["expression"]:
+                raise ValueError(f"two variables named {variable['name']}")
+    return list(found.values())
 
 
 def policy_name(action: Action, *, sources: bool = False) -> str:
@@ -279,7 +310,10 @@ def validating_policies(
         expression = unless_excepted(policy, rule, expression, today=today)
         expressions.setdefault(action, {})[rule] = expression
         validation = {
-            "expression": expression,
+            # A recorded rule's expression is its audit variable's (audit_annotations).
+            "expression": (
+                f"variables.{holds_variable(rule)}" if action in RECORDED_ACTIONS else expression
+            ),
             "message": f"[{rule}] {MESSAGES[rule]}",
             "reason": "Forbidden",
         }
@@ -306,7 +340,10 @@ def validating_policies(
         }
         if conditions:
             spec["matchConditions"] = [dict(c) for c in conditions]
-        spec["variables"] = [dict(v) for v in shared]
+        spec["variables"] = [
+            *(dict(v) for v in shared),
+            *_rule_variables(policy, expressions[action]),
+        ]
         spec["validations"] = validations
         if action in RECORDED_ACTIONS:
             held, spec["auditAnnotations"] = audit_annotations(expressions[action], MESSAGES)
@@ -446,7 +483,11 @@ def _source_policies(policy: Policy, namespace: str, *, today: str) -> list[Obj]
             recorded.setdefault(action, {})[rule] = expression
             by_action.setdefault(action, []).append(
                 {
-                    "expression": expression,
+                    "expression": (
+                        f"variables.{holds_variable(rule)}"
+                        if action in RECORDED_ACTIONS
+                        else expression
+                    ),
                     "message": f"[{rule}] {SOURCE_MESSAGES[rule]}",
                     "reason": "Forbidden",
                 }
