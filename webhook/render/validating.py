@@ -145,14 +145,19 @@ from webhook.render.env import (
     written_env,
 )
 from webhook.render.exception import excepted, unless_excepted
-from webhook.render.forged import forged_allocation
+from webhook.render.forged import forged_allocation, forged_variables
 from webhook.render.messages import MESSAGES, SOURCE_MESSAGES, message_expressions
-from webhook.render.modes import mode_conflict
+from webhook.render.modes import conflict_variables, mode_conflict
 from webhook.render.mutated import unmutated, unmutated_variables
 from webhook.render.paths import host_access_variables, host_device_access
 from webhook.render.pod import Obj, PodTest, pod_pieces
 from webhook.render.privilege import node_name_pinning, privileged_gpu
-from webhook.render.requests import gpu_quota, invalid_gpu_request, request_variables
+from webhook.render.requests import (
+    gpu_quota,
+    invalid_gpu_request,
+    request_problem_variables,
+    request_variables,
+)
 from webhook.render.scheduling import scheduler_bypass
 from webhook.render.scope import match_conditions as scope_conditions
 from webhook.render.variables import variables
@@ -253,6 +258,9 @@ def rule_variables(policy: Policy) -> dict[str, list[Obj]]:
         "raw-visible-devices": [*env_tables(), *pod_pieces(visible_pieces(policy))],
         "host-device-access": host_access_variables(policy),
         "limit-tampering": [*env_tables(), *pod_pieces(tampering_pieces(policy))],
+        "invalid-gpu-request": request_problem_variables(policy),
+        "mode-conflict": conflict_variables(policy),
+        "forged-allocation": forged_variables(policy),
         "unmutated-gpu-pod": unmutated_variables(policy),
     }
 
