@@ -21,7 +21,7 @@ from webhook.core.policy import RULE_IDS, Policy
 from webhook.install import manifests
 from webhook.install.fingerprint import ANNOTATION, spec_fingerprint, stamp
 from webhook.policies import DEFAULT_POLICY, parse_policy
-from webhook.render import messages, requests, validating, variables
+from webhook.render import claims, messages, requests, validating, variables
 from webhook.render.cel import glob_regex, printed
 from webhook.render.scope import match_conditions
 from webhook.render.validating import RULES, validating_policies
@@ -168,7 +168,10 @@ def test_sources_are_guarded_by_policies_of_their_own() -> None:
     assert list(sources) == ["gpushare-deny-sources"]
     spec = sources["gpushare-deny-sources"]["spec"]
     assert list(validations_by_rule(sources["gpushare-deny-sources"])) == ["gpu-claim"]
-    assert "variables" not in spec
+    # Only gpu-claim's own variables: a ConfigMap write reads none of the pod rules'.
+    assert [v["name"] for v in spec["variables"]] == [
+        v["name"] for v in claims.written_claim_variables(CUSTOM)
+    ]
     assert spec["matchConditions"][0]["expression"].startswith("has(object.data)")
     resources = {r for rule in spec["matchConstraints"]["resourceRules"] for r in rule["resources"]}
     assert resources == {
@@ -216,12 +219,13 @@ def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
         spec["variables"][: len(shared)] == specs[0]["variables"][: len(shared)] for spec in specs
     )
     own = validating.rule_variables(CUSTOM)
+    read = messages.message_variables(CUSTOM)
     for name, spec in zip(policies, specs, strict=True):
         names = [v["name"] for v in spec["variables"]]
         assert names[: len(shared)] == shared
-        # A rule's own variables only where the rule is.
+        # A rule's own variables, and its message's, only where the rule is.
         assert {n for n in names[len(shared) :] if not n.startswith("holds_")} == {
-            v["name"] for rule in rules[name] for v in own.get(rule, [])
+            v["name"] for rule in rules[name] for v in [*own.get(rule, []), *read.get(rule, [])]
         }, name
 
 

@@ -371,25 +371,42 @@ def limit_tampering(policy: Policy) -> PodTest:
     return test
 
 
-def written_env(policy: Policy) -> str:
-    """raw-visible-devices of a ConfigMap or Secret (``objects.unadmitted_key``): no key is
-    a guarded name, or a name of a guarded channel that env.allowed does not admit in every
-    class of container (a Secret's values unread). The apiserver folds a Secret's
-    stringData into data first."""
+def written_env_variables(policy: Policy) -> list[Obj]:
+    """What raw-visible-devices reads of a written ConfigMap or Secret: whether a ledger's
+    writer keeps it, whether a key is a guarded name, the keys of a guarded channel, and
+    per class of container whether one of those is a name env.allowed does not admit there
+    (a Secret's values unread)."""
     guarded = f"k in {strings(GUARDED_NAMES)} || " + " || ".join(
         f"k.startsWith({literal(p)})" for p in GUARDED_PREFIXES
     )
     channels = f"({channel_test('k', 'devices')}) || ({channel_test('k', 'limits')})"
     unread = "request.kind.kind == 'Secret'"
-    anywhere = " && ".join(
-        f"({env_admitted(policy, 'k', 'object.data[k]', unread, klass)})"
+    found: list[Obj] = [
+        {"name": "keptByWriter", "expression": _kept_by_writer(policy)},
+        {"name": "guardedKey", "expression": f"object.data.exists(k, {guarded})"},
+        {"name": "channelKeys", "expression": f"object.data.filter(k, {channels})"},
+    ]
+    found += [
+        {
+            "name": f"unadmittedIn{klass.capitalize()}",
+            "expression": "variables.channelKeys.exists(k, "
+            f"!({env_admitted(policy, 'k', 'object.data[k]', unread, klass)}))",
+        }
         for klass in CONTAINER_CLASSES
-    )
-    test = f"({guarded}) || (({channels}) && !({anywhere}))"
+    ]
+    return found
+
+
+def written_env(policy: Policy) -> str:
+    """raw-visible-devices of a ConfigMap or Secret (``objects.unadmitted_key``): no key is
+    a guarded name, or a name of a guarded channel that env.allowed does not admit in every
+    class of container (:func:`written_env_variables`). The apiserver folds a Secret's
+    stringData into data first."""
     kinds = strings(sorted(ENV_SOURCES))
+    unadmitted = " || ".join(f"variables.unadmittedIn{k.capitalize()}" for k in CONTAINER_CLASSES)
     return (
-        f"!(request.kind.kind in {kinds} && has(object.data) && !({_kept_by_writer(policy)}) "
-        f"&& object.data.exists(k, {test}))"
+        f"!(request.kind.kind in {kinds} && has(object.data) && !variables.keptByWriter "
+        f"&& (variables.guardedKey || {unadmitted}))"
     )
 
 

@@ -135,7 +135,7 @@ from webhook.render.admission import (
     readable,
 )
 from webhook.render.cel import literal, text
-from webhook.render.claims import pod_claims, written_claims
+from webhook.render.claims import pod_claims, written_claim_variables, written_claims
 from webhook.render.env import (
     env_tables,
     limit_tampering,
@@ -143,10 +143,16 @@ from webhook.render.env import (
     tampering_pieces,
     visible_pieces,
     written_env,
+    written_env_variables,
 )
 from webhook.render.exception import excepted, unless_excepted
 from webhook.render.forged import forged_allocation, forged_variables
-from webhook.render.messages import MESSAGES, SOURCE_MESSAGES, message_expressions
+from webhook.render.messages import (
+    MESSAGES,
+    SOURCE_MESSAGES,
+    message_expressions,
+    message_variables,
+)
 from webhook.render.modes import conflict_variables, mode_conflict
 from webhook.render.mutated import unmutated, unmutated_variables
 from webhook.render.paths import host_access_variables, host_device_access
@@ -266,11 +272,13 @@ def rule_variables(policy: Policy) -> dict[str, list[Obj]]:
 
 
 def _rule_variables(policy: Policy, rules: Iterable[str]) -> list[Obj]:
-    """The variables of ``rules`` (:func:`rule_variables`), one of each name."""
+    """The variables of ``rules`` (:func:`rule_variables`, then those their messages read),
+    one of each name."""
     found: dict[str, Obj] = {}
     every = rule_variables(policy)
+    messages = message_variables(policy)
     for rule in rules:
-        for variable in every.get(rule, ()):
+        for variable in [*every.get(rule, ()), *messages.get(rule, ())]:
             kept = found.setdefault(variable["name"], variable)
             if kept["expression"] != variable["expression"]:
                 raise ValueError(f"two variables named {variable['name']}")
@@ -482,6 +490,10 @@ def _source_policies(policy: Policy, namespace: str, *, today: str) -> list[Obj]
         "raw-visible-devices": written_env(policy),
         "gpu-claim": written_claims(policy),
     }
+    own = {
+        "raw-visible-devices": written_env_variables(policy),
+        "gpu-claim": written_claim_variables(policy),
+    }
     by_action: dict[Action, list[Obj]] = {}
     recorded: dict[Action, dict[str, str]] = {}
     for rule, unexcepted in expressions.items():
@@ -516,12 +528,12 @@ def _source_policies(policy: Policy, namespace: str, *, today: str) -> list[Obj]
             "failurePolicy": "Fail",
             "matchConstraints": _source_constraints(namespace),
             "matchConditions": [dict(c) for c in conditions],
+            "variables": [v for rule in recorded[action] for v in own[rule]],
             "validations": validations,
         }
         if action in RECORDED_ACTIONS:
-            spec["variables"], spec["auditAnnotations"] = audit_annotations(
-                recorded[action], SOURCE_MESSAGES
-            )
+            held, spec["auditAnnotations"] = audit_annotations(recorded[action], SOURCE_MESSAGES)
+            spec["variables"].extend(held)
         objects += _policy_and_binding(
             name, spec, actions=validation_actions, resources=_source_constraints(namespace)
         )
