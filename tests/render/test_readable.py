@@ -46,7 +46,6 @@ STILL_OVER: Final = frozenset(
         "gpushare-mutate.mutations[2].applyConfiguration.expression",
         "gpushare-mutate.variables[wants].expression",
         "gpushare-void.matchConditions[gpushare.io/needs-void].expression",
-        "webhook[gpushare.io/cluster-view].expression",
         "webhook[gpushare.io/gpu-relevant].expression",
     }
 )
