@@ -98,7 +98,8 @@ def written_claims(policy: Policy) -> str:
         f"(!({allowed}) && variables.{name})" if name == "gpuClassClaim" else f"variables.{name}"
         for name in tests
     ]
-    return f"!({' || '.join(terms)})"
+    # A ConfigMap or Secret (the policy's other kinds) reads none of them.
+    return f"request.resource.group != 'resource.k8s.io' || !({' || '.join(terms)})"
 
 
 def _unlisted_config(policy: Policy) -> str:

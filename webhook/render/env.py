@@ -371,26 +371,33 @@ def limit_tampering(policy: Policy) -> PodTest:
     return test
 
 
-def written_env_variables(policy: Policy) -> list[Obj]:
-    """What raw-visible-devices reads of a written ConfigMap or Secret: whether a ledger's
-    writer keeps it, whether a key is a guarded name, the keys of a guarded channel, and
-    per class of container whether one of those is a name env.allowed does not admit there
-    (a Secret's values unread)."""
-    guarded = f"k in {strings(GUARDED_NAMES)} || " + " || ".join(
-        f"k.startsWith({literal(p)})" for p in GUARDED_PREFIXES
+def _guarded_key(key: str) -> str:
+    """The CEL string ``key`` is a guarded name."""
+    return f"{key} in {strings(GUARDED_NAMES)} || " + " || ".join(
+        f"{key}.startsWith({literal(p)})" for p in GUARDED_PREFIXES
     )
+
+
+def written_env_variables(policy: Policy) -> list[Obj]:
+    """What raw-visible-devices reads of a written ConfigMap or Secret: its keys that are a
+    guarded name or of a guarded channel (most objects have none, and read nothing
+    else), whether a ledger's writer keeps it, and per class of container whether a key
+    of a guarded channel is a name env.allowed does not admit there (a Secret's values
+    unread)."""
     channels = f"({channel_test('k', 'devices')}) || ({channel_test('k', 'limits')})"
     unread = "request.kind.kind == 'Secret'"
     found: list[Obj] = [
+        {
+            "name": "judgedKeys",
+            "expression": f"object.data.filter(k, {_guarded_key('k')} || {channels})",
+        },
         {"name": "keptByWriter", "expression": _kept_by_writer(policy)},
-        {"name": "guardedKey", "expression": f"object.data.exists(k, {guarded})"},
-        {"name": "channelKeys", "expression": f"object.data.filter(k, {channels})"},
     ]
     found += [
         {
             "name": f"unadmittedIn{klass.capitalize()}",
-            "expression": "variables.channelKeys.exists(k, "
-            f"!({env_admitted(policy, 'k', 'object.data[k]', unread, klass)}))",
+            "expression": "variables.judgedKeys.exists(k, !("
+            f"{env_admitted(policy, 'k', 'object.data[k]', unread, klass)}))",
         }
         for klass in CONTAINER_CLASSES
     ]
@@ -405,8 +412,9 @@ def written_env(policy: Policy) -> str:
     kinds = strings(sorted(ENV_SOURCES))
     unadmitted = " || ".join(f"variables.unadmittedIn{k.capitalize()}" for k in CONTAINER_CLASSES)
     return (
-        f"!(request.kind.kind in {kinds} && has(object.data) && !variables.keptByWriter "
-        f"&& (variables.guardedKey || {unadmitted}))"
+        f"!(request.kind.kind in {kinds} && has(object.data) && size(variables.judgedKeys) > 0 "
+        f"&& !variables.keptByWriter && (variables.judgedKeys.exists(k, {_guarded_key('k')}) "
+        f"|| {unadmitted}))"
     )
 
 

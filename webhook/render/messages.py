@@ -219,7 +219,11 @@ def _visible_parts(policy: Policy) -> dict[str, str]:
         f"!({harmless}) ? '{VISIBLE_DEVICES}=\"{_HIDDEN}\"; remove it, request GPUs in limits' : ''"
     )
     unadmitted = _unadmitted_text(policy, "deviceAdmitters", "the NVIDIA container runtime")
-    entry = f"e.name == {literal(VISIBLE_DEVICES)} ? ({visible}) : {unadmitted}"
+    # A container no allowlist judges (most) needs no entry's place.
+    entry = (
+        f"variables.deviceAdmitters[j].all(w, w == {_UNJUDGED})",
+        f"e.name == {literal(VISIBLE_DEVICES)} ? ({visible}) : p ? '' : {unadmitted}",
+    )
     x = "x"
     legacy = (
         f"({legacy_image(x)}) ? (!({asks_for_gpu(policy, x)}) ? [{text(_LEGACY_TEXTS[0])}] : "
@@ -238,9 +242,13 @@ def _visible_parts(policy: Policy) -> dict[str, str]:
     }
 
 
-def _classed_env_texts(entry: str) -> str:
-    """:func:`_env_texts` of container ``x`` (at ``j``) of class ``k``."""
-    return f"[{_PLACE}].map(j, [{container_class('x')}].map(k, {_env_texts('x', entry)})[0])[0]"
+def _classed_env_texts(entry: tuple[str, str]) -> str:
+    """:func:`_env_texts` of container ``x`` (at ``j``) of class ``k``: ``entry`` is (a test
+    of ``j``, bound as ``p``, under which no entry's text reads a variable at the entry's
+    place; each entry's text)."""
+    plain, text = entry
+    texts = f"[{container_class('x')}].map(k, {_env_texts('x', text)})[0]"
+    return f"[{_PLACE}].map(j, [{plain}].map(p, {texts})[0])[0]"
 
 
 def _tampering_parts(policy: Policy) -> dict[str, str]:
@@ -249,11 +257,16 @@ def _tampering_parts(policy: Policy) -> dict[str, str]:
     why = "{" + ", ".join(f"{literal(k)}: {text(v)}" for k, v in LOOSENING.items()) + "}"
     unadmitted = _unadmitted_text(policy, "limitAdmitters", "HAMi-core or the MPS client")
     entry = (
-        "variables.loosened[j][x.env.indexOf(e)] ? "
-        f"e.name + {_shown('e')} + ' ' + {why}[e.name] + '; remove it' : {unadmitted}"
+        # A container without a loosening switch or a judged limit name (most) has none.
+        f"!variables.loosened[j].exists(b, b) && "
+        f"variables.limitAdmitters[j].all(w, w == {_UNJUDGED})",
+        "p ? '' : variables.loosened[j][x.env.indexOf(e)] ? "
+        f"e.name + {_shown('e')} + ' ' + variables.looseningWhy[e.name] + '; remove it' : "
+        f"{unadmitted}",
     )
     loosened = f"has(x.env) ? x.env.map(e, has(e.name) && ({loosening(policy, 'e')})) : []"
     return {
+        "looseningWhy": why,
         "limitAdmitters": _admitters(policy, "limits"),
         "loosened": _per_container(loosened),
         "limitEnvTexts": _per_container(_classed_env_texts(entry)),
@@ -288,10 +301,13 @@ def _mount_parts(policy: Policy) -> dict[str, str]:
         f"({read_only_volume(policy, 'm')}) ? ['volume \"' + m.name + '\" is shared with "
         "every GPU pod on the node; mount it readOnly'] : []"
     )
+    # A container none of whose mounts shadows the GPU stack (most) needs no mount's place.
     mounts = (
-        f"[{_PLACE}].map(j, has({x}.volumeMounts) ? {x}.volumeMounts.map(m, "
-        f"variables.shadows[j][{x}.volumeMounts.indexOf(m)] + ({shared}))"
-        ".filter(t, size(t) > 0).map(t, t[0]) : [])[0]"
+        f"[{_PLACE}].map(j, !has({x}.volumeMounts) ? [] : "
+        f"variables.shadows[j].all(s, size(s) == 0) ? {x}.volumeMounts.map(m, {shared})"
+        ".filter(t, size(t) > 0).map(t, t[0]) : "
+        f"{x}.volumeMounts.map(m, variables.shadows[j][{x}.volumeMounts.indexOf(m)] + ({shared}))"
+        ".filter(t, size(t) > 0).map(t, t[0]))[0]"
     )
     devices = (
         f"has({x}.volumeDevices) ? {x}.volumeDevices.filter(d, {device_shadow(policy, 'd')})"
@@ -349,7 +365,9 @@ def _request_parts(policy: Policy) -> dict[str, str]:
 
 
 # The variables of a message that hold no texts of their own, but what they read.
-_HELPERS: Final = frozenset({"deviceAdmitters", "limitAdmitters", "loosened", "shadows"})
+_HELPERS: Final = frozenset(
+    {"deviceAdmitters", "limitAdmitters", "looseningWhy", "loosened", "shadows"}
+)
 
 
 def _parts(policy: Policy) -> dict[str, dict[str, str]]:
