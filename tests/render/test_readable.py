@@ -39,7 +39,15 @@ MAX_EXPRESSION: Final = 3000
 STILL_OVER: Final = frozenset(
     {
         "gpushare-audit.matchConditions[gpushare.io/gpu-relevant].expression",
+        "gpushare-audit.validations[host-device-access].messageExpression",
+        "gpushare-audit.validations[invalid-gpu-request].messageExpression",
+        "gpushare-audit.validations[limit-tampering].messageExpression",
+        "gpushare-audit.validations[raw-visible-devices].messageExpression",
         "gpushare-deny.matchConditions[gpushare.io/gpu-relevant].expression",
+        "gpushare-deny.validations[host-device-access].messageExpression",
+        "gpushare-deny.validations[invalid-gpu-request].messageExpression",
+        "gpushare-deny.validations[limit-tampering].messageExpression",
+        "gpushare-deny.validations[raw-visible-devices].messageExpression",
         "gpushare-mutate.matchConditions[gpushare.io/gpu].expression",
         "gpushare-mutate.mutations[0].jsonPatch.expression",
         "gpushare-mutate.mutations[1].jsonPatch.expression",

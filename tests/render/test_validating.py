@@ -219,13 +219,12 @@ def test_actions_map_to_validation_actions_and_off_is_left_out() -> None:
         spec["variables"][: len(shared)] == specs[0]["variables"][: len(shared)] for spec in specs
     )
     own = validating.rule_variables(CUSTOM)
-    read = messages.message_variables(CUSTOM)
     for name, spec in zip(policies, specs, strict=True):
         names = [v["name"] for v in spec["variables"]]
         assert names[: len(shared)] == shared
-        # A rule's own variables, and its message's, only where the rule is.
+        # A rule's own variables only where the rule is.
         assert {n for n in names[len(shared) :] if not n.startswith("holds_")} == {
-            v["name"] for rule in rules[name] for v in [*own.get(rule, []), *read.get(rule, [])]
+            v["name"] for rule in rules[name] for v in own.get(rule, [])
         }, name
 
 

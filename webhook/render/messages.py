@@ -5,7 +5,8 @@ core's redacted words.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Final
 
 from webhook.core.env import CONTAINER_CLASSES, VISIBLE_DEVICES, Channel
@@ -23,14 +24,7 @@ from webhook.core.rules import (
 from webhook.render.cel import literal, strings, stripped_in, text, upper
 from webhook.render.env import env_admitted, judged_entry, legacy_image, loosening, spells
 from webhook.render.paths import device_shadow, mount_shadow, normalised_path, read_only_volume
-from webhook.render.pod import (
-    Obj,
-    asks_for_gpu,
-    container_class,
-    gpu_resource,
-    is_opaque,
-    value_of,
-)
+from webhook.render.pod import asks_for_gpu, container_class, gpu_resource, is_opaque, value_of
 from webhook.render.requests import asked_names, same_amount, valid_amount, with_parts_value
 
 # The core's mark of a hidden value, as an escape inside a CEL string literal.
@@ -87,28 +81,16 @@ def _label(x: str) -> str:
     return f"({''.join(kinds)}{literal(KIND_LABELS[CONTAINER_KINDS[0]] + ' ')}) + '\"' + {x}.name + '\"'"
 
 
-# Each container's place in variables.containers, by name (names are unique across a
-# pod's containers, init and ephemeral containers): a message's parts are read there.
-_PLACE: Final = "variables.containerNames.indexOf(x.name)"
-
-
-def _first_offender(rule: str, parts: Sequence[str]) -> str:
-    """``[rule] <label>: <text>`` of the first finding of the first container that has one
-    (its findings: the variables ``parts`` of :func:`message_variables`, each a list of
-    each container's texts, in order), else the static message."""
+def _first_offender(rule: str, texts: Callable[[str], str]) -> str:
+    """``[rule] <label>: <text>`` of the first finding (``texts``: a container's, as a CEL
+    list) of the first container that has one, else the static message."""
     static = text(f"[{rule}] {MESSAGES[rule]}")
     prefix = literal(f"[{rule}] ")
-    texts = " + ".join(f"variables.{part}[j]" for part in parts)
     found = (
-        f"variables.containers.map(x, [{_PLACE}].map(j, ({texts})"
-        f".map(t, {_label('x')} + ': ' + t))[0]).filter(f, size(f) > 0)"
+        f"variables.containers.map(x, ({texts('x')}).map(t, {_label('x')} + ': ' + t))"
+        ".filter(f, size(f) > 0)"
     )
     return f"[{found}].map(found, size(found) > 0 ? {prefix} + found[0][0] : {static})[0]"
-
-
-def _per_container(texts: str) -> str:
-    """``texts`` (of container ``x``) of each container, in variables.containers' order."""
-    return f"variables.containers.map(x, {texts})"
 
 
 def _shown(entry: str) -> str:
@@ -128,35 +110,18 @@ def _privileged_texts(x: str) -> str:
     )
 
 
-# What an entry no allowlist judges holds in a list of admitting classes
-# (:func:`_admitters`).
-_UNJUDGED: Final = "['unjudged']"
-
-
-def _admitters(policy: Policy, channel: Channel) -> str:
-    """Per container, per env entry (in its order): the classes of container whose
-    env.allowed admits the entry, where it sets a name of ``channel`` that no rule of its
-    own judges; :data:`_UNJUDGED` where it does not."""
-    by_class = env_admitted(
-        policy, "e.name", value_of("e"), is_opaque("e"), None, channel=channel, bound="a"
-    )
-    judged = judged_entry(policy, channel, "x")
-    return _per_container(
-        f"has(x.env) ? x.env.map(e, ({judged}) ? "
-        f"{strings(CONTAINER_CLASSES)}.filter(a, {by_class}) : {_UNJUDGED}) : []"
-    )
-
-
-def _unadmitted_text(policy: Policy, admitters: str, reader: str) -> str:
-    """``rules._allowlist_finding`` of entry ``e`` of container ``x`` (at ``j``) of class
-    ``k``: its text, or '' where env.allowed admits it there or no allowlist judges it
-    (the classes that admit it: ``admitters``, of :func:`_admitters`)."""
+def _unadmitted_text(policy: Policy, channel: Channel, reader: str) -> str:
+    """``rules._allowlist_finding`` of entry ``e`` in a container of class ``k``: its
+    text, or '' where env.allowed admits it there (``e`` then is of ``channel`` and judged
+    by no rule of its own)."""
     exact = sorted({a.name for a in policy.env_allowances if not a.prefix})
     prefixes = sorted({a.name.rstrip("*") for a in policy.env_allowances if a.prefix})
     listed = f"e.name in {strings(exact)} || {strings(prefixes)}.exists(p, e.name.startsWith(p))"
-    words = (
-        "{" + ", ".join(f"{literal(k)}: {text(CLASS_WORDS[k])}" for k in CONTAINER_CLASSES) + "}"
+    admits = CONTAINER_CLASSES
+    by_class = env_admitted(
+        policy, "e.name", value_of("e"), is_opaque("e"), None, channel=channel, bound="a"
     )
+    words = "{" + ", ".join(f"{literal(k)}: {text(CLASS_WORDS[k])}" for k in admits) + "}"
     hint = (
         f"size(w) > 0 ? '; the policy\\'s env.allowed admits it only in ' + "
         f"w.map(a, {words}[a]).join(' and ') : ({listed}) ? "
@@ -164,9 +129,8 @@ def _unadmitted_text(policy: Policy, admitters: str, reader: str) -> str:
         "'; no entry of the policy\\'s env.allowed admits it'"
     )
     return (
-        f"[variables.{admitters}[j][x.env.indexOf(e)]].map(w, w == {_UNJUDGED} || k in w ? '' : "
-        f"e.name + {_shown('e')} + {literal(f' is read by {reader}')} + ({hint}) + "
-        "'; remove it')[0]"
+        f"[{strings(admits)}.filter(a, {by_class})].map(w, k in w ? '' : e.name + {_shown('e')} "
+        f"+ {literal(f' is read by {reader}')} + ({hint}) + '; remove it')[0]"
     )
 
 
@@ -209,8 +173,8 @@ def _env_texts(x: str, text: str) -> str:
     return f"(has({x}.env) ? {x}.env.map(e, has(e.name) ? ({text}) : '').filter(t, t != '') : [])"
 
 
-def _visible_parts(policy: Policy) -> dict[str, str]:
-    """raw-visible-devices of each container, in the core's order: a legacy image, an
+def _visible_texts(policy: Policy, x: str) -> str:
+    """raw-visible-devices of container ``x``, in the core's order: a legacy image, an
     envFrom prefix, then each env entry (a raw NVIDIA_VISIBLE_DEVICES, a device name
     env.allowed does not admit)."""
     harmless = stripped_in(value_of("e"), HARMLESS_VISIBLE_DEVICES)
@@ -218,13 +182,11 @@ def _visible_parts(policy: Policy) -> dict[str, str]:
         f"has(e.valueFrom) ? '{VISIBLE_DEVICES} from valueFrom; request GPUs in resources.limits' : "
         f"!({harmless}) ? '{VISIBLE_DEVICES}=\"{_HIDDEN}\"; remove it, request GPUs in limits' : ''"
     )
-    unadmitted = _unadmitted_text(policy, "deviceAdmitters", "the NVIDIA container runtime")
-    # A container no allowlist judges (most) needs no entry's place.
+    unadmitted = _unadmitted_text(policy, "devices", "the NVIDIA container runtime")
     entry = (
-        f"variables.deviceAdmitters[j].all(w, w == {_UNJUDGED})",
-        f"e.name == {literal(VISIBLE_DEVICES)} ? ({visible}) : p ? '' : {unadmitted}",
+        f"e.name == {literal(VISIBLE_DEVICES)} ? ({visible}) : "
+        f"({judged_entry(policy, 'devices', x)}) ? ({unadmitted}) : ''"
     )
-    x = "x"
     legacy = (
         f"({legacy_image(x)}) ? (!({asks_for_gpu(policy, x)}) ? [{text(_LEGACY_TEXTS[0])}] : "
         f"variables.gpu && {x}.env.exists(e, has(e.name) && e.name == 'NVIDIA_REQUIRE_CUDA') && "
@@ -234,50 +196,25 @@ def _visible_parts(policy: Policy) -> dict[str, str]:
         f"has({x}.envFrom) ? {x}.envFrom.filter(s, has(s.prefix) && s.prefix != '' && "
         f"({spells('s.prefix')})).map(s, {text(_PREFIX_TEXT)}) : []"
     )
-    return {
-        "deviceAdmitters": _admitters(policy, "devices"),
-        "legacyTexts": _per_container(f"[{container_class(x)}].map(k, {legacy})[0]"),
-        "prefixTexts": _per_container(spelled),
-        "deviceEnvTexts": _per_container(_classed_env_texts(entry)),
-    }
+    return f"[{container_class(x)}].map(k, ({legacy}) + ({spelled}) + {_env_texts(x, entry)})[0]"
 
 
-def _classed_env_texts(entry: tuple[str, str]) -> str:
-    """:func:`_env_texts` of container ``x`` (at ``j``) of class ``k``: ``entry`` is (a test
-    of ``j``, bound as ``p``, under which no entry's text reads a variable at the entry's
-    place; each entry's text)."""
-    plain, text = entry
-    texts = f"[{container_class('x')}].map(k, {_env_texts('x', text)})[0]"
-    return f"[{_PLACE}].map(j, [{plain}].map(p, {texts})[0])[0]"
-
-
-def _tampering_parts(policy: Policy) -> dict[str, str]:
-    """limit-tampering of each container: each switch that loosens, and why, and each
-    limit name env.allowed does not admit, in its env's order."""
+def _tampering_texts(policy: Policy, x: str) -> str:
+    """limit-tampering of container ``x``: each switch that loosens, and why, and each
+    limit name env.allowed does not admit."""
     why = "{" + ", ".join(f"{literal(k)}: {text(v)}" for k, v in LOOSENING.items()) + "}"
-    unadmitted = _unadmitted_text(policy, "limitAdmitters", "HAMi-core or the MPS client")
+    unadmitted = _unadmitted_text(policy, "limits", "HAMi-core or the MPS client")
     entry = (
-        # A container without a loosening switch or a judged limit name (most) has none.
-        f"!variables.loosened[j].exists(b, b) && "
-        f"variables.limitAdmitters[j].all(w, w == {_UNJUDGED})",
-        "p ? '' : variables.loosened[j][x.env.indexOf(e)] ? "
-        f"e.name + {_shown('e')} + ' ' + variables.looseningWhy[e.name] + '; remove it' : "
-        f"{unadmitted}",
+        f"({loosening(policy, 'e')}) ? e.name + {_shown('e')} + ' ' + {why}[e.name] + "
+        f"'; remove it' : ({judged_entry(policy, 'limits', x)}) ? ({unadmitted}) : ''"
     )
-    loosened = f"has(x.env) ? x.env.map(e, has(e.name) && ({loosening(policy, 'e')})) : []"
-    return {
-        "looseningWhy": why,
-        "limitAdmitters": _admitters(policy, "limits"),
-        "loosened": _per_container(loosened),
-        "limitEnvTexts": _per_container(_classed_env_texts(entry)),
-    }
+    return f"[{container_class(x)}].map(k, {_env_texts(x, entry)})[0]"
 
 
-def _mount_parts(policy: Policy) -> dict[str, str]:
-    """host-device-access of each container: its GPU runtime class, then each mount that
+def _mount_texts(policy: Policy, x: str) -> str:
+    """host-device-access of container ``x``: its GPU runtime class, then each mount that
     reaches the GPU stack (what it shadows, as ``rules._shadowed`` says) or writes a
-    shared volume, then each block device that does."""
-    x = "x"
+    shared volume."""
     requests = " || ".join(
         f"{v}.startsWith({literal(d)})" for v in ("m.mountPath", "q") for d in DEVICE_REQUEST_DIRS
     )
@@ -301,104 +238,54 @@ def _mount_parts(policy: Policy) -> dict[str, str]:
         f"({read_only_volume(policy, 'm')}) ? ['volume \"' + m.name + '\" is shared with "
         "every GPU pod on the node; mount it readOnly'] : []"
     )
-    # A container none of whose mounts shadows the GPU stack (most) needs no mount's place.
-    mounts = (
-        f"[{_PLACE}].map(j, !has({x}.volumeMounts) ? [] : "
-        f"variables.shadows[j].all(s, size(s) == 0) ? {x}.volumeMounts.map(m, {shared})"
-        ".filter(t, size(t) > 0).map(t, t[0]) : "
-        f"{x}.volumeMounts.map(m, variables.shadows[j][{x}.volumeMounts.indexOf(m)] + ({shared}))"
-        ".filter(t, size(t) > 0).map(t, t[0]))[0]"
-    )
+    mounts = f"(has({x}.volumeMounts) ? {x}.volumeMounts.map(m, ({shadow}) + ({shared})) : [])"
     devices = (
-        f"has({x}.volumeDevices) ? {x}.volumeDevices.filter(d, {device_shadow(policy, 'd')})"
+        f"(has({x}.volumeDevices) ? {x}.volumeDevices.filter(d, {device_shadow(policy, 'd')})"
         ".map(d, 'a block device at ' + d.devicePath + ' replaces what the GPU stack reads "
-        "there; put it elsewhere') : []"
+        "there; put it elsewhere') : [])"
     )
-    parts = {}
-    if policy.gpu_runtime_classes:
-        # A container under a GPU runtime class that asks for no GPU and lacks the void.
-        spec = "variables.spec"
-        runtime = (
-            f"has({spec}.runtimeClassName) && {spec}.runtimeClassName in "
-            f"{strings(sorted(policy.gpu_runtime_classes))} && !({asks_for_gpu(policy, x)}) && "
-            f"!(has({x}.env) && {x}.env.exists(e, e.name == {literal(VISIBLE_DEVICES)}))"
-        )
-        hands = f"'runtimeClassName ' + variables.spec.runtimeClassName + {text(_RUNTIME_TEXT)}"
-        parts["runtimeTexts"] = _per_container(f"({runtime}) ? [{hands}] : []")
-    parts["shadows"] = _per_container(
-        f"has({x}.volumeMounts) ? {x}.volumeMounts.map(m, {shadow}) : []"
+    texts = f"{mounts}.filter(t, size(t) > 0).map(t, t[0]) + {devices}"
+    if not policy.gpu_runtime_classes:
+        return texts
+    # A container under a GPU runtime class that asks for no GPU and lacks the void.
+    spec = "variables.spec"
+    runtime = (
+        f"has({spec}.runtimeClassName) && {spec}.runtimeClassName in "
+        f"{strings(sorted(policy.gpu_runtime_classes))} && !({asks_for_gpu(policy, x)}) && "
+        f"!(has({x}.env) && {x}.env.exists(e, e.name == {literal(VISIBLE_DEVICES)}))"
     )
-    parts["mountTexts"] = _per_container(mounts)
-    parts["deviceTexts"] = _per_container(devices)
-    return parts
+    hands = f"'runtimeClassName ' + variables.spec.runtimeClassName + {text(_RUNTIME_TEXT)}"
+    return f"(({runtime}) ? [{hands}] : []) + {texts}"
 
 
-def _request_parts(policy: Policy) -> dict[str, str]:
-    """invalid-gpu-request of each container: each GPU resource it asks for in requests
-    other than in limits, each whose limit its unit does not allow, its memory asked for
-    twice."""
+def _request_texts(policy: Policy, x: str) -> str:
+    """invalid-gpu-request of container ``x``: each GPU resource it gets wrong, its
+    memory asked for twice."""
     gpu = gpu_resource(policy)
+    wrong = (
+        f"R.filter(r, ({gpu}) && !(r in L && ({same_amount('R[r]', 'L[r]')}))) + "
+        f"L.filter(r, ({gpu}) && !([string(L[r])].exists(v, {valid_amount(policy, 'v')})))"
+    )
     twice = asked_names(policy.memory_resources)
-    return {
-        "unequalTexts": _per_container(
-            with_parts_value(
-                "x",
-                f"R.filter(r, ({gpu}) && !(r in L && ({same_amount('R[r]', 'L[r]')})))"
-                f".map(r, r + {text(_MALFORMED_TEXT)})",
-            )
-        ),
-        "invalidAmountTexts": _per_container(
-            with_parts_value(
-                "x",
-                f"L.filter(r, ({gpu}) && !([string(L[r])].exists(v, {valid_amount(policy, 'v')})))"
-                f".map(r, r + {text(_MALFORMED_TEXT)})",
-            )
-        ),
-        "memoryTwiceTexts": _per_container(
-            with_parts_value(
-                "x",
-                f"size({twice}) > 1 ? ['asks for memory twice (' + {twice}.join(', ') "
-                "+ '); keep one'] : []",
-            )
-        ),
-    }
-
-
-# The variables of a message that hold no texts of their own, but what they read.
-_HELPERS: Final = frozenset(
-    {"deviceAdmitters", "limitAdmitters", "looseningWhy", "loosened", "shadows"}
-)
-
-
-def _parts(policy: Policy) -> dict[str, dict[str, str]]:
-    """Each container rule's message variables, by rule: the texts of each container per
-    part, and what they read (:data:`_HELPERS`)."""
-    return {
-        "privileged-gpu": {"privilegedTexts": _per_container(_privileged_texts("x"))},
-        "raw-visible-devices": _visible_parts(policy),
-        "host-device-access": _mount_parts(policy),
-        "limit-tampering": _tampering_parts(policy),
-        "invalid-gpu-request": _request_parts(policy),
-    }
-
-
-def message_variables(policy: Policy) -> dict[str, list[Obj]]:
-    """The variables each container rule's messageExpression reads (evaluated only when
-    the rule fails): each container's place, then its texts per part."""
-    names = {"name": "containerNames", "expression": "variables.containers.map(x, x.name)"}
-    return {
-        rule: [names, *({"name": n, "expression": e} for n, e in parts.items())]
-        for rule, parts in _parts(policy).items()
-    }
+    texts = (
+        f"({wrong}).map(r, r + {text(_MALFORMED_TEXT)}) "
+        f"+ (size({twice}) > 1 ? ['asks for memory twice (' + {twice}.join(', ') "
+        "+ '); keep one'] : [])"
+    )
+    return with_parts_value(x, texts)
 
 
 def message_expressions(policy: Policy) -> dict[str, str]:
     """Each container rule's messageExpression (the others' static messages name their
     field: spec.nodeName, spec.schedulerName, the annotations)."""
-    return {
-        rule: _first_offender(rule, [n for n in parts if n not in _HELPERS])
-        for rule, parts in _parts(policy).items()
+    texts: dict[str, Callable[[str], str]] = {
+        "privileged-gpu": _privileged_texts,
+        "raw-visible-devices": partial(_visible_texts, policy),
+        "host-device-access": partial(_mount_texts, policy),
+        "limit-tampering": partial(_tampering_texts, policy),
+        "invalid-gpu-request": partial(_request_texts, policy),
     }
+    return {rule: _first_offender(rule, text) for rule, text in texts.items()}
 
 
 SOURCE_MESSAGES: Final[Mapping[str, str]] = {

@@ -147,12 +147,7 @@ from webhook.render.env import (
 )
 from webhook.render.exception import excepted, unless_excepted
 from webhook.render.forged import forged_allocation, forged_variables
-from webhook.render.messages import (
-    MESSAGES,
-    SOURCE_MESSAGES,
-    message_expressions,
-    message_variables,
-)
+from webhook.render.messages import MESSAGES, SOURCE_MESSAGES, message_expressions
 from webhook.render.modes import conflict_variables, mode_conflict
 from webhook.render.mutated import unmutated, unmutated_variables
 from webhook.render.paths import host_access_variables, host_device_access
@@ -272,13 +267,11 @@ def rule_variables(policy: Policy) -> dict[str, list[Obj]]:
 
 
 def _rule_variables(policy: Policy, rules: Iterable[str]) -> list[Obj]:
-    """The variables of ``rules`` (:func:`rule_variables`, then those their messages read),
-    one of each name."""
+    """The variables of ``rules`` (:func:`rule_variables`), one of each name."""
     found: dict[str, Obj] = {}
     every = rule_variables(policy)
-    messages = message_variables(policy)
     for rule in rules:
-        for variable in [*every.get(rule, ()), *messages.get(rule, ())]:
+        for variable in every.get(rule, ()):
             kept = found.setdefault(variable["name"], variable)
             if kept["expression"] != variable["expression"]:
                 raise ValueError(f"two variables named {variable['name']}")
