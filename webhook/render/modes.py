@@ -177,13 +177,25 @@ def _conflicts(policy: Policy) -> dict[str, str]:
     return conflicts
 
 
+# The findings of :func:`_conflicts` held in variables (the longest); the others are read
+# in place, as each variable the apiserver evaluates costs an evaluation of its own.
+_NAMED_CONFLICTS: Final = ("misspeltMode", "unsatisfiedContainer")
+
+
 def conflict_variables(policy: Policy) -> list[Obj]:
-    """What mode-conflict reads: each of its findings (:func:`_conflicts`)."""
-    return [{"name": name, "expression": e} for name, e in _conflicts(policy).items()]
+    """What mode-conflict reads: its longest findings (:func:`_conflicts`)."""
+    return [
+        {"name": name, "expression": e}
+        for name, e in _conflicts(policy).items()
+        if name in _NAMED_CONFLICTS
+    ]
 
 
 def mode_conflict(policy: Policy) -> str:
     """mode-conflict: one of its findings (:func:`_conflicts`) holds. A pod that keeps its
     scheduler for whole GPUs uses no mode (the core drops the choice's findings)."""
-    found = " || ".join(f"variables.{name}" for name in _conflicts(policy))
+    found = " || ".join(
+        f"variables.{name}" if name in _NAMED_CONFLICTS else f"({e})"
+        for name, e in _conflicts(policy).items()
+    )
     return f"!(variables.created && variables.gpu && !variables.whole && ({found}))"

@@ -136,8 +136,9 @@ def _host_path_list(policy: Policy, spec: str) -> str:
 
 def _host_path_pieces(policy: Policy) -> dict[str, PodTest]:
     """``rules._host_path_findings`` of the pod's hostPath volumes (``hostPaths``): one
-    that is protected, holds the GPU runtime's configuration or the GPU stack and is
-    written, or (allowlist mode, in a GPU pod) lies outside the allowed paths."""
+    that is protected or holds the GPU runtime's configuration and is written, one that
+    holds the GPU stack and is written, or (allowlist mode, in a GPU pod) one outside the
+    allowed paths."""
 
     def host_paths(containers: str, gpu: str, spec: str) -> str:
         return _host_path_list(policy, spec)
@@ -156,11 +157,11 @@ def _host_path_pieces(policy: Policy) -> dict[str, PodTest]:
     )
     pieces: dict[str, PodTest] = {
         "hostPaths": host_paths,
-        "protectedHostPath": each(lambda containers, gpu: _protected(policy, "h.path")),
-        "writtenConfigPath": each(
+        "protectedHostPath": each(
             lambda containers, gpu: (
-                f"({_reaching('h.path', CONFIG_ROOTS, parents=True)}) && "
-                + _writes(containers, "h.name")
+                f"{_protected(policy, 'h.path')} || "
+                f"(({_reaching('h.path', CONFIG_ROOTS, parents=True)}) && "
+                f"{_writes(containers, 'h.name')})"
             )
         ),
         "writtenStackPath": each(
@@ -287,29 +288,31 @@ def host_access_pieces(policy: Policy) -> dict[str, PodTest]:
             "!(variables.mode == 'mps' && variables.sharing)))"
         )
 
-    pieces.update(
-        {
-            "shadowingMount": mounts(lambda m: mount_shadow(policy, m)),
-            "writableSharedMount": mounts(lambda m: read_only_volume(policy, m)),
-            "shadowingDevice": devices,
-            "runtimeAnnotation": cdi,
-            "hostNamespace": namespaces,
-        }
-    )
-    if policy.gpu_runtime_classes:
-        classes = strings(sorted(policy.gpu_runtime_classes))
-
-        def unvoided(containers: str, gpu: str, spec: str) -> str:
+    def runtime(containers: str, gpu: str, spec: str) -> str:
+        terms = [cdi(containers, gpu, spec), namespaces(containers, gpu, spec)]
+        if policy.gpu_runtime_classes:
             # A container under a GPU runtime class that asks for no GPU and lacks the
             # void (rules._container_findings; the mutation voids containers and init
             # containers).
-            return (
+            classes = strings(sorted(policy.gpu_runtime_classes))
+            terms.append(
                 f"has({spec}.runtimeClassName) && {spec}.runtimeClassName in {classes} && "
                 f"{containers}.exists(c, !({asks_for_gpu(policy, 'c')}) && "
                 f"!(has(c.env) && c.env.exists(e, e.name == {literal(VISIBLE_DEVICES)})))"
             )
+        return " || ".join(f"({t})" for t in terms)
 
-        pieces["unvoidedRuntime"] = unvoided
+    pieces.update(
+        {
+            "shadowingMount": mounts(
+                lambda m: f"({mount_shadow(policy, m)}) || ({read_only_volume(policy, m)})"
+            ),
+            "shadowingDevice": devices,
+            # The CDI and CRI-O annotations, the host namespaces, a GPU runtime class
+            # without the void.
+            "runtimeAccess": runtime,
+        }
+    )
     return pieces
 
 
