@@ -74,13 +74,16 @@ def test_conditions_fit_the_apiserver() -> None:
 
 
 def test_every_kind_the_core_reads_is_scoped() -> None:
-    """Each condition is "not this kind, or relevant"; a kind the core reads without its
-    condition would be sent always (safe), one with a wrong path never (a bypass)."""
+    """A kind the conditions read is "relevant by its pod spec or metadata", any other is
+    sent: a kind the core reads without its path would be sent always (safe), one with a
+    wrong path never (a bypass)."""
     expressions = " ".join(c["expression"] for c in match_conditions(DEFAULT_POLICY))
-    assert "request.kind.kind != 'Pod'" in expressions
+    assert "request.kind.kind == 'Pod'" in expressions
+    assert "!(request.kind.kind in [" in expressions
     for kind, path in TEMPLATE_PATHS.items():
         assert f'"{kind}"' in expressions
         assert "has(object." + ".".join(path) + ".spec)" in expressions
+        assert "has(object." + ".".join(path) + ".metadata)" in expressions
 
 
 def test_policy_vocabulary_is_in_the_conditions() -> None:
@@ -107,7 +110,7 @@ def test_gpu_runtime_classes_are_in_the_conditions() -> None:
     """A pod under a GPU runtime class is voided or refused whatever else it holds, so
     the class alone sends it; a policy without classes sends nothing for it."""
     expression = " ".join(c["expression"] for c in match_conditions(DEFAULT_POLICY))
-    assert "object.spec.runtimeClassName in " in expression
+    assert "spec.runtimeClassName in " in expression
     for name in DEFAULT_POLICY.gpu_runtime_classes:
         assert literal(name) in expression
     none = parse_policy(
@@ -140,7 +143,8 @@ def test_a_glob_that_starts_with_a_wildcard_sends_every_annotated_object() -> No
         "spec: {reservedAnnotations: ['*-devices-allocated']}\n"
     )
     expression = " ".join(c["expression"] for c in match_conditions(policy))
-    assert "size(object.metadata.annotations) > 0" in expression
+    assert "size(meta.annotations) > 0" in expression
+    assert "size(oldObject.metadata.annotations) > 0" in expression
 
 
 def test_literals_escape_what_a_policy_may_hold() -> None:

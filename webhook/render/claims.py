@@ -13,7 +13,7 @@ from webhook.core import rules as core_rules
 from webhook.core.objects import DEVICE_CLASS
 from webhook.core.policy import DEVICE_CLASS_RESOURCE, Policy
 from webhook.render.cel import cel_value, glob_test, guarded, literal, strings
-from webhook.render.pod import names_test, zero
+from webhook.render.pod import Obj, names_test, zero
 
 # The core functions this family renders: a rename there breaks the import here.
 CORE_TWINS: Final = (
@@ -42,9 +42,10 @@ def pod_claims(policy: Policy) -> str:
     return f"!(variables.created && !({allowed}) && {asked})"
 
 
-def written_claims(policy: Policy) -> str:
-    """gpu-claim of a ResourceClaim, ResourceClaimTemplate or DeviceClass
-    (``objects.object_findings``)."""
+def _written_claim_tests(policy: Policy) -> dict[str, str]:
+    """gpu-claim's findings on a written DRA object by name, those the policy can have: a
+    claim on a GPU device class, a claim configuring a GPU driver as dra.claimConfigs does
+    not allow, a DeviceClass serving a sharing resource."""
     classes = strings(sorted(policy.gpu_device_classes))
     request = (
         f"(has(r.deviceClassName) && r.deviceClassName in {classes}) || "
@@ -52,27 +53,21 @@ def written_claims(policy: Policy) -> str:
         f"r.exactly.deviceClassName in {classes}) || (has(r.firstAvailable) && "
         f"r.firstAvailable.exists(x, has(x.deviceClassName) && x.deviceClassName in {classes}))"
     )
-    claims = " || ".join(
-        f"(request.kind.kind == {literal(kind)} && "
-        f"{guarded('object', (*path, 'devices', 'requests'))}.exists(r, {request}))"
-        for kind, path in (
-            ("ResourceClaim", ("spec",)),
-            ("ResourceClaimTemplate", ("spec", "spec")),
+    kinds = (("ResourceClaim", ("spec",)), ("ResourceClaimTemplate", ("spec", "spec")))
+    tests: dict[str, str] = {}
+    if policy.gpu_device_classes:
+        tests["gpuClassClaim"] = " || ".join(
+            f"(request.kind.kind == {literal(kind)} && "
+            f"{guarded('object', (*path, 'devices', 'requests'))}.exists(r, {request}))"
+            for kind, path in kinds
         )
-    )
-    if not policy.gpu_device_classes:
-        claims = "false"
-    allowed = glob_test("request.namespace", policy.claim_namespaces)
-    configs = " || ".join(
-        f"(request.kind.kind == {literal(kind)} && "
-        f"{guarded('object', (*path, 'devices', 'config'))}.exists(c, {_unlisted_config(policy)}))"
-        for kind, path in (
-            ("ResourceClaim", ("spec",)),
-            ("ResourceClaimTemplate", ("spec", "spec")),
+    if policy.claim_configs:
+        tests["unlistedClaimConfig"] = " || ".join(
+            f"(request.kind.kind == {literal(kind)} && "
+            f"{guarded('object', (*path, 'devices', 'config'))}.exists(c, "
+            f"{_unlisted_config(policy)}))"
+            for kind, path in kinds
         )
-    )
-    if not policy.claim_configs:
-        configs = "false"
     # The sharing resources only: a MIG resource served by DRA is no slice.
     name = "object.spec.extendedResourceName"
     served = (
@@ -81,11 +76,30 @@ def written_claims(policy: Policy) -> str:
     if policy.dra_resources:
         # wholeGpus.draResources: the policy says DRA serves these whole GPUs here.
         served += f" && !({name} in {strings(sorted(policy.dra_resources))})"
-    device_class = (
+    tests["sharingDeviceClass"] = (
         f"request.kind.kind == {literal(DEVICE_CLASS)} && has(object.spec) && "
         f"has({name}) && {served}"
     )
-    return f"!((!({allowed}) && ({claims})) || ({configs}) || ({device_class}))"
+    return tests
+
+
+def written_claim_variables(policy: Policy) -> list[Obj]:
+    """What gpu-claim reads of a written DRA object (:func:`_written_claim_tests`)."""
+    return [{"name": n, "expression": e} for n, e in _written_claim_tests(policy).items()]
+
+
+def written_claims(policy: Policy) -> str:
+    """gpu-claim of a ResourceClaim, ResourceClaimTemplate or DeviceClass
+    (``objects.object_findings``): a claim on a GPU device class outside the allowed
+    namespaces, or one of the other findings."""
+    tests = _written_claim_tests(policy)
+    allowed = glob_test("request.namespace", policy.claim_namespaces)
+    terms = [
+        f"(!({allowed}) && variables.{name})" if name == "gpuClassClaim" else f"variables.{name}"
+        for name in tests
+    ]
+    # A ConfigMap or Secret (the policy's other kinds) reads none of them.
+    return f"request.resource.group != 'resource.k8s.io' || !({' || '.join(terms)})"
 
 
 def _unlisted_config(policy: Policy) -> str:

@@ -38,14 +38,18 @@ from webhook.core.objects import ENV_SOURCES
 from webhook.core.policy import EnvAllowance, Policy
 from webhook.core.resources import PRIORITIES
 from webhook.core.rules import FALSY, HARMLESS_VISIBLE_DEVICES, TRUTHY
-from webhook.render.cel import glob_test, literal, strings, stripped_in
+from webhook.render.cel import cel_value, glob_test, literal, strings, stripped_in
 from webhook.render.pod import (
+    ANNOTATIONS_OF,
+    Obj,
     PodTest,
     asks_for_gpu,
     container_class,
     env_exists,
     identity_test,
     is_opaque,
+    piece,
+    pieces_test,
     shares,
     slice_test,
     value_of,
@@ -100,10 +104,20 @@ def channel_test(name: str, channel: Channel) -> str:
 def _managed(name: str, *, mps_client: str | None) -> str:
     """``env.managed`` of the CEL string ``name`` in a container that is a slice of an MPS
     pod where ``mps_client`` holds (None: never)."""
-    terms = [f"{name} in {strings(sorted(MANAGED_NAMES))}", *_starts(name, MANAGED_PREFIXES)]
+    terms = [f"{name} in variables.managedNames", *_starts(name, MANAGED_PREFIXES)]
     if mps_client is not None:
-        terms.append(f"({mps_client} && {name} in {strings(sorted(MPS_SETTINGS))})")
+        terms.append(f"({mps_client} && {name} in variables.mpsSettings)")
     return " || ".join(terms)
+
+
+def env_tables() -> list[Obj]:
+    """The env names the allowlist leaves to rules of their own (``env.managed``), as
+    variables: the names, the MPS client's settings, the device pins and their values."""
+    return [
+        {"name": "managedNames", "expression": strings(sorted(MANAGED_NAMES))},
+        {"name": "mpsSettings", "expression": strings(sorted(MPS_SETTINGS))},
+        {"name": "devicePins", "expression": cel_value(dict(DEVICE_PINS))},
+    ]
 
 
 def _items_regex(items: Iterable[str], pattern: str | None) -> str:
@@ -176,9 +190,9 @@ def judged_entry(policy: Policy, channel: Channel, c: str) -> str:
     """The env entry ``e`` of container ``c`` sets a name of ``channel`` that no rule of
     its own judges and that is no device pin (a pin's value grants nothing:
     rules._allowlist_finding)."""
-    pinned = " || ".join(
-        f"(e.name == {literal(name)} && !has(e.valueFrom) && {value_of('e')} == {literal(value)})"
-        for name, value in DEVICE_PINS.items()
+    pinned = (
+        "e.name in variables.devicePins && !has(e.valueFrom) && "
+        f"{value_of('e')} == variables.devicePins[e.name]"
     )
     # The containers the mutation gives the MPS client's settings (mutation.wanted_env).
     mps_client = f"variables.mode == 'mps' && {shares(policy, c)}"
@@ -194,29 +208,38 @@ def unadmitted_entry(policy: Policy, channel: Channel, klass: ContainerClass | N
     return f"{judged_entry(policy, channel, c)} && !({admitted})"
 
 
-def _unadmitted_env(policy: Policy, containers: str, channel: Channel) -> str:
-    """Some container sets a name of ``channel`` that no rule of its own judges and that
+def _judged_env(policy: Policy, containers: str, channel: Channel) -> str:
+    """The containers that set a name of ``channel`` that no rule of its own judges."""
+    judged = judged_entry(policy, channel, "c")
+    return f"{containers}.filter(c, has(c.env) && c.env.exists(e, {judged}))"
+
+
+def _unadmitted_env(policy: Policy, judged: str, channel: Channel) -> str:
+    """Some container of ``judged`` (:func:`_judged_env`) sets a name of ``channel`` that
     the policy's env.allowed does not admit in a container of its class (the class
     decided once per container, each branch with the allowlist of its class)."""
-
     entry = unadmitted_entry(policy, channel, None, "c")
-    return (
-        f"{containers}.exists(c, has(c.env) && [{container_class('c')}].exists(k, "
-        f"c.env.exists(e, {entry})))"
-    )
+    return f"{judged}.exists(c, [{container_class('c')}].exists(k, c.env.exists(e, {entry})))"
 
 
-# The annotations of the pod spec a PodTest reads.
-_ANNOTATIONS_OF: Final = {
-    "variables.spec": "variables.annotations",
-    "variables.oldSpec": "variables.oldAnnotations",
-}
+def _allowlist_pieces(policy: Policy, channel: Channel, name: str) -> dict[str, PodTest]:
+    """The pieces ``judged<Name>`` (:func:`_judged_env`) and ``unadmitted<Name>``
+    (:func:`_unadmitted_env`) of ``channel``."""
+    judged = "judged" + name
+
+    def containers(containers: str, gpu: str, spec: str) -> str:
+        return _judged_env(policy, containers, channel)
+
+    def unadmitted(containers: str, gpu: str, spec: str) -> str:
+        return _unadmitted_env(policy, piece(judged, containers), channel)
+
+    return {judged: containers, "unadmitted" + name: unadmitted}
 
 
 def _devices_from_ledger(policy: Policy, spec: str) -> str:
     """``rules.devices_from_ledger`` of entry ``e`` of container ``c``: from the ConfigMap
     a ledger's writers keep for this container, in a pod of that ledger's scheduler."""
-    annotations = _ANNOTATIONS_OF[spec]
+    annotations = ANNOTATIONS_OF[spec]
     ref = "e.valueFrom.configMapKeyRef"
     # The container's place: <index> among the containers, i<index> among the init
     # containers (names are unique across both); an ephemeral one has none ("/").
@@ -255,29 +278,44 @@ def _devices_from_ledger(policy: Policy, spec: str) -> str:
     )
 
 
-def raw_visible_devices(policy: Policy) -> PodTest:
-    def test(containers: str, gpu: str, spec: str) -> str:
+def visible_pieces(policy: Policy) -> dict[str, PodTest]:
+    """raw-visible-devices of one pod, piece by piece (:func:`~webhook.render.pod.pod_pieces`):
+    a raw device list, a legacy image, an envFrom prefix that spells a guarded name, a
+    device name env.allowed does not admit."""
+
+    def raw(containers: str, gpu: str, spec: str) -> str:
         harmless = stripped_in(value_of("e"), HARMLESS_VISIBLE_DEVICES)
         from_ledger = _devices_from_ledger(policy, spec)
-        raw = env_exists(
+        return env_exists(
             containers,
             f"e.name == 'NVIDIA_VISIBLE_DEVICES' && (has(e.valueFrom) ? !({from_ledger}) : "
             f"!({harmless}))",
         )
+
+    def legacy(containers: str, gpu: str, spec: str) -> str:
         # A legacy container that asks for no GPU gets every GPU; a slice, every capability.
-        legacy = (
+        return (
             f"{containers}.exists(c, ({legacy_image('c')}) && (!({asks_for_gpu(policy, 'c')}) || "
             f"({gpu} && has(c.env) && c.env.exists(e, has(e.name) && "
             f"e.name == 'NVIDIA_REQUIRE_CUDA') && ({slice_test(policy, 'c')}))))"
         )
-        prefixes = (
+
+    def prefixes(containers: str, gpu: str, spec: str) -> str:
+        return (
             f"{containers}.exists(c, has(c.envFrom) && c.envFrom.exists(s, has(s.prefix) && "
             f"s.prefix != '' && ({spells('s.prefix')})))"
         )
-        unadmitted = _unadmitted_env(policy, containers, "devices")
-        return f"({raw}) || ({legacy}) || ({prefixes}) || ({unadmitted})"
 
-    return test
+    return {
+        "rawVisibleDevices": raw,
+        "legacyImage": legacy,
+        "spellingPrefix": prefixes,
+        **_allowlist_pieces(policy, "devices", "Devices"),
+    }
+
+
+def raw_visible_devices(policy: Policy) -> PodTest:
+    return pieces_test([n for n in visible_pieces(policy) if not n.startswith("judged")])
 
 
 def loosening(policy: Policy, entry: str) -> str:
@@ -314,33 +352,69 @@ def region_readable(value: str) -> str:
     )
 
 
+def tampering_pieces(policy: Policy) -> dict[str, PodTest]:
+    """limit-tampering's env of one pod (:func:`~webhook.render.pod.pod_pieces`): a switch
+    that loosens the limits, a limit name env.allowed does not admit."""
+
+    def switched(containers: str, gpu: str, spec: str) -> str:
+        return env_exists(containers, loosening(policy, "e"))
+
+    return {"looseningEnv": switched, **_allowlist_pieces(policy, "limits", "Limits")}
+
+
 def limit_tampering(policy: Policy) -> PodTest:
+    names = [n for n in tampering_pieces(policy) if not n.startswith("judged")]
+
     def test(containers: str, gpu: str, spec: str) -> str:
-        switched = env_exists(containers, loosening(policy, "e"))
-        return f"{gpu} && (({switched}) || ({_unadmitted_env(policy, containers, 'limits')}))"
+        return f"{gpu} && ({pieces_test(names)(containers, gpu, spec)})"
 
     return test
+
+
+def _guarded_key(key: str) -> str:
+    """The CEL string ``key`` is a guarded name."""
+    return f"{key} in {strings(GUARDED_NAMES)} || " + " || ".join(
+        f"{key}.startsWith({literal(p)})" for p in GUARDED_PREFIXES
+    )
+
+
+def written_env_variables(policy: Policy) -> list[Obj]:
+    """What raw-visible-devices reads of a written ConfigMap or Secret: its keys that are a
+    guarded name or of a guarded channel (most objects have none, and read nothing
+    else), whether a ledger's writer keeps it, and per class of container whether a key
+    of a guarded channel is a name env.allowed does not admit there (a Secret's values
+    unread)."""
+    channels = f"({channel_test('k', 'devices')}) || ({channel_test('k', 'limits')})"
+    unread = "request.kind.kind == 'Secret'"
+    found: list[Obj] = [
+        {
+            "name": "judgedKeys",
+            "expression": f"object.data.filter(k, {_guarded_key('k')} || {channels})",
+        },
+        {"name": "keptByWriter", "expression": _kept_by_writer(policy)},
+    ]
+    found += [
+        {
+            "name": f"unadmittedIn{klass.capitalize()}",
+            "expression": "variables.judgedKeys.exists(k, !("
+            f"{env_admitted(policy, 'k', 'object.data[k]', unread, klass)}))",
+        }
+        for klass in CONTAINER_CLASSES
+    ]
+    return found
 
 
 def written_env(policy: Policy) -> str:
     """raw-visible-devices of a ConfigMap or Secret (``objects.unadmitted_key``): no key is
     a guarded name, or a name of a guarded channel that env.allowed does not admit in every
-    class of container (a Secret's values unread). The apiserver folds a Secret's
+    class of container (:func:`written_env_variables`). The apiserver folds a Secret's
     stringData into data first."""
-    guarded = f"k in {strings(GUARDED_NAMES)} || " + " || ".join(
-        f"k.startsWith({literal(p)})" for p in GUARDED_PREFIXES
-    )
-    channels = f"({channel_test('k', 'devices')}) || ({channel_test('k', 'limits')})"
-    unread = "request.kind.kind == 'Secret'"
-    anywhere = " && ".join(
-        f"({env_admitted(policy, 'k', 'object.data[k]', unread, klass)})"
-        for klass in CONTAINER_CLASSES
-    )
-    test = f"({guarded}) || (({channels}) && !({anywhere}))"
     kinds = strings(sorted(ENV_SOURCES))
+    unadmitted = " || ".join(f"variables.unadmittedIn{k.capitalize()}" for k in CONTAINER_CLASSES)
     return (
-        f"!(request.kind.kind in {kinds} && has(object.data) && !({_kept_by_writer(policy)}) "
-        f"&& object.data.exists(k, {test}))"
+        f"!(request.kind.kind in {kinds} && has(object.data) && size(variables.judgedKeys) > 0 "
+        f"&& !variables.keptByWriter && (variables.judgedKeys.exists(k, {_guarded_key('k')}) "
+        f"|| {unadmitted}))"
     )
 
 

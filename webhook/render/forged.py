@@ -11,24 +11,35 @@ from typing import Final
 from webhook.core import rules as core_rules
 from webhook.core.policy import Ledger, Policy
 from webhook.render.cel import glob_test
-from webhook.render.pod import identity_test
+from webhook.render.pod import Obj, identity_test
 
 # The core functions this family renders: a rename there breaks the import here.
 CORE_TWINS: Final = (core_rules.forged_allocation,)
+
+
+def touched_annotations() -> str:
+    """The annotation keys this request writes: every key of a created pod or template,
+    and those a pod update adds, changes or removes (none on a workload update)."""
+    new, old = "variables.annotations", "variables.oldAnnotations"
+    return (
+        f"variables.created ? {new}.map(k, k) : variables.podUpdate ? "
+        f"{new}.filter(k, !(k in {old} && {old}[k] == {new}[k])) + "
+        f"{old}.filter(k, !(k in {new})) : []"
+    )
+
+
+def forged_variables(policy: Policy) -> list[Obj]:
+    """What forged-allocation reads: the keys this request touched, once for every ledger."""
+    return [{"name": "touchedAnnotations", "expression": touched_annotations()}]
 
 
 def _forged_in(ledger: Ledger) -> str:
     """A reserved annotation of ``ledger`` set at create, or added, changed or removed by a
     pod update, by an identity that is not one of its writers."""
     reserved = glob_test("k", ledger.annotations) if ledger.annotations else "false"
-    created = f"variables.created && variables.annotations.exists(k, {reserved})"
-    new, old = "variables.annotations", "variables.oldAnnotations"
-    updated = (
-        "variables.podUpdate && ("
-        f"{new}.exists(k, ({reserved}) && !(k in {old} && {old}[k] == {new}[k])) || "
-        f"{old}.exists(k, ({reserved}) && !(k in {new})))"
+    return (
+        f"!({identity_test(ledger.writers)}) && variables.touchedAnnotations.exists(k, {reserved})"
     )
-    return f"!({identity_test(ledger.writers)}) && (({created}) || ({updated}))"
 
 
 def forged_allocation(policy: Policy) -> str:

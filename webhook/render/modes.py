@@ -15,12 +15,14 @@ from webhook.core import rules as core_rules
 from webhook.core.mode import MODE_ALIASES
 from webhook.core.policy import MODES, Policy
 from webhook.render.cel import glob_test, literal, strings, stripped_in
-from webhook.render.pod import asks_test, mig_test, shares, sharing_test
+from webhook.render.pod import Obj, asks_test, mig_test, shares, sharing_test
 
 # The core functions this family renders: a rename there breaks the import here.
 CORE_TWINS: Final = (core_mode.choose_mode, core_mode.named_mode, core_rules.mps_percentage)
 
-SELECTOR: Final = "(has(variables.spec.nodeSelector) ? variables.spec.nodeSelector : {})"
+# The pod's nodeSelector, {} where it has none (``variables.nodeSelector``).
+NODE_SELECTOR: Final = "has(variables.spec.nodeSelector) ? variables.spec.nodeSelector : {}"
+SELECTOR: Final = "variables.nodeSelector"
 
 
 def selects(key: str, value: str) -> str:
@@ -28,20 +30,35 @@ def selects(key: str, value: str) -> str:
     return f"{literal(key)} in {SELECTOR} && string({SELECTOR}[{literal(key)}]) == {literal(value)}"
 
 
-def named_steps(policy: Policy) -> list[tuple[str, str]]:
-    """(condition, mode) of the steps that name a mode (``ModeChoice.named``): each mode
-    annotation with a mode as its value, each node selector of a mode."""
+def annotated_mode(policy: Policy) -> str:
+    """The mode the first mode annotation with a mode as its value names, '' where none
+    does (``variables.annotatedMode``): each annotation's value is read once, and its
+    meanings tried in order."""
     words: dict[str, list[str]] = {}
-    for word, means in MODE_ALIASES.items():
-        words.setdefault(means, []).append(word)
-    steps: list[tuple[str, str]] = []
+    for word, mode in MODE_ALIASES.items():
+        words.setdefault(mode, []).append(word)
     ann = "variables.annotations"
-    for key in policy.mode_annotations:
-        value = f"string({ann}[{literal(key)}])"
-        for meaning, spelled in words.items():
-            steps.append(
-                (f"{literal(key)} in {ann} && {stripped_in(value, spelled)}", literal(meaning))
-            )
+    expression = "''"
+    for key in reversed(policy.mode_annotations):
+        meaning = "''"
+        for named_mode, spelled in reversed(words.items()):
+            meaning = f"{stripped_in('v', spelled)} ? {literal(named_mode)} : {meaning}"
+        named = (
+            f"({literal(key)} in {ann} ? [string({ann}[{literal(key)}])].map(v, {meaning})[0] : '')"
+        )
+        expression = (
+            named if expression == "''" else f"[{named}].map(m, m != '' ? m : {expression})[0]"
+        )
+    return expression
+
+
+def named_steps(policy: Policy) -> list[tuple[str, str]]:
+    """(condition, mode) of the steps that name a mode (``ModeChoice.named``): a mode
+    annotation with a mode as its value (:func:`annotated_mode`), each node selector of a
+    mode."""
+    steps: list[tuple[str, str]] = []
+    if policy.mode_annotations:
+        steps.append(("variables.annotatedMode != ''", "variables.annotatedMode"))
     for s in policy.node_selector_modes:
         steps.append((selects(s.key, s.value), literal(s.mode)))
     return steps
@@ -113,11 +130,11 @@ def _allowed_in_namespace(patterns: Iterable[str]) -> str:
     return "true" if "*" in patterns else glob_test("request.namespace", patterns)
 
 
-def mode_conflict(policy: Policy) -> str:
-    """``mode.choose_mode``'s findings and ``rules.mps_percentage``: a mode annotation
-    whose value is no mode (before the first that is one), containers the mode cannot
-    satisfy, node selectors of another mode, an MPS node selector with another value, a
-    mode the namespace may not use, and an mps container asking for memory as a
+def _conflicts(policy: Policy) -> dict[str, str]:
+    """``mode.choose_mode``'s findings and ``rules.mps_percentage`` by name: a mode
+    annotation whose value is no mode (before the first that is one), containers the mode
+    cannot satisfy, node selectors of another mode, an MPS node selector with another
+    value, a mode the namespace may not use, and an mps container asking for memory as a
     percentage (only the cluster view turns it into MiB; without it, refused)."""
     mode, ann = "variables.mode", "variables.annotations"
     misspelt = "false"
@@ -132,13 +149,12 @@ def mode_conflict(policy: Policy) -> str:
         f"(mig && (shares || {mode} != 'mig')) || "
         f"(shares && (({mode} == 'mig' && !variables.dynamicMig) || ({mode} == 'none'{unnamed}))))))"
     )
-    terms = [misspelt, containers]
-    terms.extend(
+    selectors = [
         f"{selects(s.key, s.value)} && {mode} != {literal(s.mode)}"
         for s in policy.node_selector_modes
-    )
+    ]
     for key, wanted in policy.mps_node_selector.items():
-        terms.append(
+        selectors.append(
             f"{mode} == 'mps' && !{placed_mps(policy)} && {literal(key)} in {SELECTOR} && "
             f"string({SELECTOR}[{literal(key)}]) != {literal(wanted)}"
         )
@@ -147,16 +163,39 @@ def mode_conflict(policy: Policy) -> str:
         f"({_allowed_in_namespace(policy.allowed_namespaces.get(m, ()))}))"
         for m in MODES
     )
-    terms.append(f"{mode} != 'none' && !({allowed})")
+    conflicts = {
+        "misspeltMode": misspelt,
+        "unsatisfiedContainer": containers,
+    }
+    if selectors:
+        conflicts["otherModeSelector"] = " || ".join(f"({t})" for t in selectors)
+    conflicts["modeNotAllowed"] = f"{mode} != 'none' && !({allowed})"
     if policy.memory_percentage_resources:
-        terms.append(
-            f"{mode} == 'mps' && (variables.mainAsks + variables.initAsks)"
-            ".exists(a, a['pct'] > 0 && a['m'] == 0)"
+        conflicts["mpsPercentage"] = (
+            f"{mode} == 'mps' && variables.asks.exists(a, a['pct'] > 0 && a['m'] == 0)"
         )
-    # A pod that keeps its scheduler for whole GPUs uses no mode (the core drops the
-    # choice's findings).
-    return (
-        "!(variables.created && variables.gpu && !variables.whole && ("
-        + " || ".join(f"({t})" for t in terms)
-        + "))"
+    return conflicts
+
+
+# The findings of :func:`_conflicts` held in variables (the longest); the others are read
+# in place, as each variable the apiserver evaluates costs an evaluation of its own.
+_NAMED_CONFLICTS: Final = ("misspeltMode", "unsatisfiedContainer")
+
+
+def conflict_variables(policy: Policy) -> list[Obj]:
+    """What mode-conflict reads: its longest findings (:func:`_conflicts`)."""
+    return [
+        {"name": name, "expression": e}
+        for name, e in _conflicts(policy).items()
+        if name in _NAMED_CONFLICTS
+    ]
+
+
+def mode_conflict(policy: Policy) -> str:
+    """mode-conflict: one of its findings (:func:`_conflicts`) holds. A pod that keeps its
+    scheduler for whole GPUs uses no mode (the core drops the choice's findings)."""
+    found = " || ".join(
+        f"variables.{name}" if name in _NAMED_CONFLICTS else f"({e})"
+        for name, e in _conflicts(policy).items()
     )
+    return f"!(variables.created && variables.gpu && !variables.whole && ({found}))"

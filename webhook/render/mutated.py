@@ -17,6 +17,7 @@ from webhook.render.cel import ints, literal, strings
 from webhook.render.modes import placed_mps
 from webhook.render.pod import (
     MUTATED_CONTAINERS,
+    Obj,
     asks_for_gpu,
     injects,
     same_mount,
@@ -57,8 +58,9 @@ def _env_is(name: str, value: str) -> str:
 
 def _indices(count: str) -> str:
     """``lists.range(count)`` for a count of GPUs (1..MAX_COUNT): the lists library that
-    has it is Kubernetes 1.35's, and these policies load on 1.30."""
-    return f"{ints(range(MAX_COUNT))}.filter(i, i < {count})"
+    has it is Kubernetes 1.35's, and these policies load on 1.30 (``variables.gpuIndices``
+    holds 0..MAX_COUNT - 1)."""
+    return f"variables.gpuIndices.filter(i, i < {count})"
 
 
 def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
@@ -104,9 +106,15 @@ def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
     tests.append(_env_is("'CUDA_REDIRECT'", "''"))
     tests.append(_env_holds("'ACTIVE_OOM_KILLER'", "v in ['true', '1']"))
     tests.append(_env_is("'CUDA_TASK_PRIORITY'", "string(a['p'])"))
-    # mutation.stray_env: a vGPU limit variable the wanted set does not own. A memory
-    # percentage's per-GPU limits are owned too: the webhook's cluster view turns the
-    # percentage into MiB and sets them, with values only the view knows.
+    return tests
+
+
+def _stray_env(policy: Policy) -> str:
+    """``mutation.stray_env`` of a vgpu sharing container ``c``: a vGPU limit variable the
+    wanted set does not own. A memory percentage's per-GPU limits are owned too: the
+    webhook's cluster view turns the percentage into MiB and sets them, with values only
+    the view knows."""
+    g, m, k = "a['g']", "a['m']", "a['k']"
     wanted_memory = (
         f"({m} > 0 || a['pct'] > 0) && n.matches('^CUDA_DEVICE_MEMORY_LIMIT_(0|[1-9][0-9]?)$') && "
         f"int(n.substring({len('CUDA_DEVICE_MEMORY_LIMIT_')})) < {g}"
@@ -115,11 +123,14 @@ def _wanted_env(policy: Policy, mode: Mode) -> list[str]:
         f"{k} > 0 && n.matches('^CUDA_DEVICE_SM_LIMIT_(0|[1-9][0-9]?)$') && "
         f"int(n.substring({len('CUDA_DEVICE_SM_LIMIT_')})) < {g}"
     )
-    tests.append(
-        "!names.exists(n, (n.startsWith('CUDA_DEVICE_MEMORY_LIMIT') && !(" + wanted_memory + ")) "
+    stray = (
+        "names.exists(n, (n.startsWith('CUDA_DEVICE_MEMORY_LIMIT') && !(" + wanted_memory + ")) "
         "|| (n.startsWith('CUDA_DEVICE_SM_LIMIT_') && !(" + wanted_sm + ")))"
     )
-    return tests
+    return _containers_hold(
+        policy,
+        f"[has(c.env) ? c.env.map(e, e.name) : []].exists(names, [{_ASK}].exists(a, !({stray})))",
+    )
 
 
 def _implied(policy: Policy) -> str:
@@ -134,37 +145,46 @@ def _implied(policy: Policy) -> str:
     return with_parts("c", f"!{strings(counts)}.{asked} && {strings(sources)}.{asked}")
 
 
-def _container_mutated(policy: Policy, mode: Mode) -> str:
-    """Sharing container ``c`` holds what the mutation sets in ``mode``: its env, the
-    injected mounts, its count resource."""
-    injection = injection_for(mode, policy)
-    mounts = [
-        f"has(c.volumeMounts) && c.volumeMounts.exists(m, m.mountPath == "
-        f"{literal(mount['mountPath'])} && {same_mount('m', mount)})"
-        for mount in injection.mounts
-    ]
+def _containers_hold(policy: Policy, test: str) -> str:
+    """Every sharing container and init container passes ``test`` (of ``c``; not ephemeral
+    ones: the mutation leaves them)."""
+    return f"({MUTATED_CONTAINERS}).all(c, !({shares(policy, 'c')}) || ({test}))"
+
+
+def _env_set(policy: Policy, mode: Mode) -> str:
+    """Each sharing container holds the env the mutation sets in ``mode``."""
     wanted = _wanted_env(policy, mode)
     if policy.device_pins:
         # The device pins: present in a slice container (env.allowed judges the value).
         names = strings(name for name, _ in policy.device_pins)
         wanted.append(f"!({slice_test(policy, 'c')}) || {names}.all(n, n in names)")
     env = " && ".join(f"({t})" for t in wanted)
-    # A sharing container is not vacant: request_variables counted what it asks.
-    ask = "(variables.mainAsks + variables.initAsks)[variables.askNames.indexOf(c.name)]"
-    return (
-        _ENV_BINDINGS.format(body=f"[{ask}].exists(a, {env})")
-        + f" && {' && '.join(f'({t})' for t in mounts) or 'true'} && !({_implied(policy)})"
-    )
+    return _containers_hold(policy, _ENV_BINDINGS.format(body=f"[{_ASK}].exists(a, {env})"))
 
 
-def _mode_mutated(policy: Policy, mode: Mode) -> str:
-    """A sharing pod in ``mode`` (vgpu or mps) holds what the mutation sets: its scheduler,
-    the mode annotation, the injected volumes, hostIPC and the MPS node selector (mps),
-    and each sharing container's settings (not ephemeral ones: the mutation leaves them)."""
+# What sharing container ``c`` asks for (:func:`webhook.render.requests._ask`): a sharing
+# container is not vacant, so request_variables counted it.
+_ASK: Final = "variables.asks[variables.askNames.indexOf(c.name)]"
+
+
+def _mounts_set(policy: Policy, mode: Mode) -> str:
+    """Each sharing container holds the mounts the mutation injects in ``mode``."""
+    mounts = [
+        f"has(c.volumeMounts) && c.volumeMounts.exists(m, m.mountPath == "
+        f"{literal(mount['mountPath'])} && {same_mount('m', mount)})"
+        for mount in injection_for(mode, policy).mounts
+    ]
+    return _containers_hold(policy, " && ".join(f"({t})" for t in mounts) or "true")
+
+
+def _pod_set(policy: Policy, mode: Mode) -> str:
+    """A sharing pod in ``mode`` (vgpu or mps) holds what the mutation sets on the pod: its
+    scheduler, the mode annotation, the injected volumes, hostIPC and the MPS node selector
+    (mps)."""
     spec = "variables.spec"
     injection = injection_for(mode, policy)
     terms = [
-        _scheduled(policy),
+        "variables.scheduled",
         f"{literal(MODE_ANNOTATION)} in variables.annotations && "
         f"variables.annotations[{literal(MODE_ANNOTATION)}] == {literal(mode)}",
     ]
@@ -179,23 +199,53 @@ def _mode_mutated(policy: Policy, mode: Mode) -> str:
             f"{literal(key)} in {spec}.nodeSelector)"
             for key in policy.mps_node_selector
         )
-    terms.append(
-        f"({MUTATED_CONTAINERS}).all(c, !({shares(policy, 'c')}) || ({_container_mutated(policy, mode)}))"
-    )
     return " && ".join(f"({t})" for t in terms)
 
 
-def unmutated(policy: Policy) -> str:
-    """``mutation.first_missing`` of a created sharing pod or template finds nothing: in
-    mode vgpu or mps all :func:`_mode_mutated` asks, in every mode the void in each
-    container and init container that asks for no GPU."""
+_MODES: Final[tuple[Mode, ...]] = ("vgpu", "mps")
+
+
+def unmutated_variables(policy: Policy) -> list[Obj]:
+    """What unmutated-gpu-pod reads, each evaluated once when first read: the GPU indices,
+    the scheduler, the count resources and no stray limit variable (vgpu) as mutated, then
+    per mode (vgpu, mps) whether the pod, the
+    containers' env and their mounts hold what the mutation sets, the void in each
+    container that asks for no GPU, and a whole-GPU pod kept off the sharing pool."""
+    found: list[Obj] = [
+        {"name": "gpuIndices", "expression": ints(range(MAX_COUNT))},
+        {"name": "scheduled", "expression": _scheduled(policy)},
+        {
+            "name": "countsSet",
+            "expression": _containers_hold(policy, f"!({_implied(policy)})"),
+        },
+        {"name": "strayFree", "expression": _stray_env(policy)},
+    ]
+    for mode in _MODES:
+        found += [
+            {"name": f"{mode}PodSet", "expression": _pod_set(policy, mode)},
+            {"name": f"{mode}EnvSet", "expression": _env_set(policy, mode)},
+            {"name": f"{mode}MountsSet", "expression": _mounts_set(policy, mode)},
+        ]
     voided = (
         f"({MUTATED_CONTAINERS}).all(c, "
         f"({asks_for_gpu(policy, 'c')}) || "
         f"(has(c.env) && c.env.exists(e, e.name == {literal(VISIBLE_DEVICES)})))"
     )
-    modes: tuple[Mode, ...] = ("vgpu", "mps")
-    moded = " || ".join(f"({injects(mode)} && !({_mode_mutated(policy, mode)}))" for mode in modes)
+    found.append({"name": "voided", "expression": voided})
+    found.append({"name": "offPool", "expression": off_pool(policy)})
+    return found
+
+
+def unmutated(policy: Policy) -> str:
+    """``mutation.first_missing`` of a created sharing pod or template finds nothing: in
+    mode vgpu or mps all the mutation sets (:func:`unmutated_variables`), in every mode the
+    void in each container and init container that asks for no GPU."""
+    moded = " || ".join(
+        f"({injects(mode)} && !(variables.{mode}PodSet && variables.{mode}EnvSet && "
+        f"{'variables.strayFree && ' if mode == 'vgpu' else ''}"
+        f"variables.{mode}MountsSet && variables.countsSet))"
+        for mode in _MODES
+    )
     # A vgpu pod without HAMi-core: its scheduler, mode annotation and counts.
     plain = (
         f"variables.mode == 'vgpu' && !variables.library && !(({_dynamic_mutated(policy)}) && "
@@ -203,11 +253,11 @@ def unmutated(policy: Policy) -> str:
         f"variables.annotations[{literal(MODE_ANNOTATION)}] == 'vgpu')"
     )
     moded = f"{moded} || ({plain})"
-    whole = f"variables.whole && !({off_pool(policy)})"
+    whole = "variables.whole && !variables.offPool"
     dynamic = f"variables.dynamicMig && !({_dynamic_mutated(policy)})"
     return (
         f"!(variables.created && variables.sharing && "
-        f"(({moded}) || ({whole}) || ({dynamic}) || !({voided})))"
+        f"(({moded}) || ({whole}) || ({dynamic}) || !variables.voided))"
     )
 
 
@@ -227,5 +277,4 @@ def _dynamic_mutated(policy: Policy) -> str:
     """A pod of the scheduler's dynamic MIG (and, with its mode annotation, a vgpu pod
     without HAMi-core) holds its scheduler and each sharing container its count resource
     (nothing else is injected)."""
-    implied = f"({MUTATED_CONTAINERS}).all(c, !({shares(policy, 'c')}) || !({_implied(policy)}))"
-    return f"({_scheduled(policy)}) && ({implied})"
+    return "variables.scheduled && variables.countsSet"

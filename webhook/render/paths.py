@@ -8,7 +8,7 @@ Held equal to its core twins (:data:`CORE_TWINS`) by the differential tests.
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Final
 
 from webhook.core import rules as core_rules
@@ -30,7 +30,17 @@ from webhook.core.rules import (
     read_paths,
 )
 from webhook.render.cel import literal, strings
-from webhook.render.pod import asks_for_gpu, injects, same_mount, same_volume
+from webhook.render.pod import (
+    ANNOTATIONS_OF,
+    Obj,
+    PodTest,
+    asks_for_gpu,
+    injects,
+    piece,
+    pieces_test,
+    pod_pieces,
+    same_volume,
+)
 
 # The core functions this family renders: a rename there breaks the import here.
 CORE_TWINS: Final = (
@@ -114,27 +124,60 @@ def _writes(containers: str, name: str) -> str:
     )
 
 
-def _host_paths(policy: Policy, containers: str, gpu: str, spec: str) -> str:
-    """``rules._host_path_findings``: a hostPath volume, not one the mutation injects,
-    that is protected, holds the GPU runtime's configuration and is written, or (allowlist
-    mode, in a GPU pod) lies outside the allowed paths. The apiserver refuses a hostPath
-    with a ``..`` segment, so the CEL normalisation is the core's."""
-    checks = [
-        _protected(policy, "p"),
-        f"({_reaching('p', CONFIG_ROOTS, parents=True)}) && {_writes(containers, 'v.name')}",
-        f"({_reaching('p', (*STACK_ROOTS, *policy.driver_roots), parents=True)} || "
-        f"{strings(STACK_FILE_PREFIXES)}.exists(f, p.substring(p.lastIndexOf('/') + 1)"
-        f".startsWith(f))) && {_writes(containers, 'v.name')}",
-    ]
-    if policy.host_path_mode == "allowlist":
-        allowed = _reaching("p", policy.allowed_host_paths, parents=False)
-        checks.append(f"{gpu} && !({allowed})")
-    path = "v.hostPath.path"
+def _host_path_list(policy: Policy, spec: str) -> str:
+    """The pod's hostPath volumes that are not one the mutation injects, each as its
+    ``name`` and its normalised ``path``: the apiserver refuses a hostPath with a ``..``
+    segment, so the CEL normalisation is the core's."""
     return (
-        f"has({spec}.volumes) && {spec}.volumes.exists(v, has(v.hostPath) && "
-        f"has(v.hostPath.path) && !({_injected(policy, 'v')}) && "
-        f"[{normalised_path(path)}].exists(p, {' || '.join(f'({c})' for c in checks)}))"
+        f"has({spec}.volumes) ? {spec}.volumes.filter(v, has(v.hostPath) && "
+        f"has(v.hostPath.path) && !({_injected(policy, 'v')}))"
+        f".map(v, {{'name': string(v.name), 'path': {normalised_path('v.hostPath.path')}}}) : []"
     )
+
+
+def _host_path_pieces(policy: Policy) -> dict[str, PodTest]:
+    """``rules._host_path_findings`` of the pod's hostPath volumes (``hostPaths``): one
+    that is protected or holds the GPU runtime's configuration and is written, one that
+    holds the GPU stack and is written, or (allowlist mode, in a GPU pod) one outside the
+    allowed paths."""
+
+    def host_paths(containers: str, gpu: str, spec: str) -> str:
+        return _host_path_list(policy, spec)
+
+    def each(check: Callable[[str, str], str]) -> PodTest:
+        def test(containers: str, gpu: str, spec: str) -> str:
+            paths = piece("hostPaths", containers)
+            return f"{paths}.exists(h, {check(containers, gpu)})"
+
+        return test
+
+    stack = (
+        f"{_reaching('h.path', (*STACK_ROOTS, *policy.driver_roots), parents=True)} || "
+        f"{strings(STACK_FILE_PREFIXES)}.exists(f, "
+        "h.path.substring(h.path.lastIndexOf('/') + 1).startsWith(f))"
+    )
+    pieces: dict[str, PodTest] = {
+        "hostPaths": host_paths,
+        "protectedHostPath": each(
+            lambda containers, gpu: (
+                f"{_protected(policy, 'h.path')} || "
+                f"(({_reaching('h.path', CONFIG_ROOTS, parents=True)}) && "
+                f"{_writes(containers, 'h.name')})"
+            )
+        ),
+        "writtenStackPath": each(
+            lambda containers, gpu: f"({stack}) && {_writes(containers, 'h.name')}"
+        ),
+    }
+    if policy.host_path_mode == "allowlist":
+        allowed = _reaching("h.path", policy.allowed_host_paths, parents=False)
+
+        def outside(containers: str, gpu: str, spec: str) -> str:
+            paths = piece("hostPaths", containers)
+            return f"{gpu} && {paths}.exists(h, !({allowed}))"
+
+        pieces["unallowedHostPath"] = outside
+    return pieces
 
 
 def _path_tests(policy: Policy, target: str) -> tuple[str, str, str]:
@@ -182,50 +225,96 @@ def mount_shadow(policy: Policy, mount: str) -> str:
 
 def _injected_mount(policy: Policy, mount: str) -> str:
     """``rules._injected_mount`` at validation: ``mount`` is one the mutation injects into
-    a pod of this mode, of the volume it injects under that name."""
+    a pod of this mode (``variables.injectedMounts``), of the volume it injects under that
+    name."""
+    m = mount
+    return (
+        f"variables.injectedMounts.exists(i, {m}.mountPath == i.path && {m}.name == i.name && "
+        f"string(has({m}.readOnly) ? {m}.readOnly : false) == i.readOnly && "
+        f"(!has({m}.subPath) || {m}.subPath == '') && "
+        f"(!has({m}.subPathExpr) || {m}.subPathExpr == ''))"
+    )
+
+
+def injected_mounts(policy: Policy) -> str:
+    """The mounts the mutation injects into this pod (a sharing pod in mode vgpu or mps)
+    whose volume the pod holds as injected, each as its ``path``, ``name`` and
+    ``readOnly`` ('true' or 'false': a map literal's values are of one type)."""
+    spec = "variables.spec"
     by_mode = []
     for mode in ("vgpu", "mps"):
         injection = injection_for(mode, policy)
-        exact = []
+        held = []
         for injected in injection.mounts:
             volume = next(v for v in injection.volumes if v["name"] == injected["name"])
-            exact.append(
-                f"({mount}.mountPath == {literal(injected['mountPath'])} && "
-                f"{same_mount(mount, injected)} && variables.spec.volumes.exists(v, "
-                f"{same_volume('v', volume)}))"
+            entry = (
+                f"{{'path': {literal(injected['mountPath'])}, "
+                f"'name': {literal(injected['name'])}, "
+                f"'readOnly': {literal('true' if injected.get('readOnly') else 'false')}}}"
             )
-        if exact:
-            by_mode.append(f"({injects(mode)} && ({' || '.join(exact)}))")
-    return (
-        f"variables.sharing && has(variables.spec.volumes) && ({' || '.join(by_mode) or 'false'})"
-    )
+            held.append(f"({spec}.volumes.exists(v, {same_volume('v', volume)}) ? [{entry}] : [])")
+        if held:
+            by_mode.append(f"{injects(mode)} ? {' + '.join(held)}")
+    return f"!variables.sharing || !has({spec}.volumes) ? [] : " + " : ".join([*by_mode, "[]"])
 
 
-def _host_access(policy: Policy, containers: str, gpu: str, spec: str, annotations: str) -> str:
-    """host-device-access of one pod: its hostPath volumes, its containers' mounts and
-    its CDI annotations."""
-    mounts = (
-        f"{containers}.exists(c, (has(c.volumeMounts) && c.volumeMounts.exists(m, "
-        f"({mount_shadow(policy, 'm')}) || ({read_only_volume(policy, 'm')}))) || "
-        f"(has(c.volumeDevices) && c.volumeDevices.exists(d, {device_shadow(policy, 'd')})))"
-    )
-    cdi = _runtime_annotations(policy, annotations)
-    namespaces = (
-        f"{gpu} && ((has({spec}.hostPID) && {spec}.hostPID == true) || "
-        f"(has({spec}.hostIPC) && {spec}.hostIPC == true && "
-        "!(variables.mode == 'mps' && variables.sharing)))"
-    )
-    terms = [_host_paths(policy, containers, gpu, spec), mounts, cdi, namespaces]
-    if policy.gpu_runtime_classes:
-        # A container under a GPU runtime class that asks for no GPU and lacks the void
-        # (rules._container_findings; the mutation voids containers and init containers).
-        classes = strings(sorted(policy.gpu_runtime_classes))
-        terms.append(
-            f"has({spec}.runtimeClassName) && {spec}.runtimeClassName in {classes} && "
-            f"{containers}.exists(c, !({asks_for_gpu(policy, 'c')}) && "
-            f"!(has(c.env) && c.env.exists(e, e.name == {literal(VISIBLE_DEVICES)})))"
+def host_access_pieces(policy: Policy) -> dict[str, PodTest]:
+    """host-device-access of one pod, piece by piece (:func:`~webhook.render.pod.pod_pieces`):
+    its hostPath volumes, its containers' mounts and block devices, its CDI annotations,
+    its host namespaces and a GPU runtime class without the void."""
+    pieces = _host_path_pieces(policy)
+
+    def mounts(test: Callable[[str], str]) -> PodTest:
+        def each(containers: str, gpu: str, spec: str) -> str:
+            return (
+                f"{containers}.exists(c, has(c.volumeMounts) && "
+                f"c.volumeMounts.exists(m, {test('m')}))"
+            )
+
+        return each
+
+    def devices(containers: str, gpu: str, spec: str) -> str:
+        return (
+            f"{containers}.exists(c, has(c.volumeDevices) && "
+            f"c.volumeDevices.exists(d, {device_shadow(policy, 'd')}))"
         )
-    return " || ".join(f"({t})" for t in terms)
+
+    def cdi(containers: str, gpu: str, spec: str) -> str:
+        return _runtime_annotations(policy, ANNOTATIONS_OF[spec])
+
+    def namespaces(containers: str, gpu: str, spec: str) -> str:
+        return (
+            f"{gpu} && ((has({spec}.hostPID) && {spec}.hostPID == true) || "
+            f"(has({spec}.hostIPC) && {spec}.hostIPC == true && "
+            "!(variables.mode == 'mps' && variables.sharing)))"
+        )
+
+    def runtime(containers: str, gpu: str, spec: str) -> str:
+        terms = [cdi(containers, gpu, spec), namespaces(containers, gpu, spec)]
+        if policy.gpu_runtime_classes:
+            # A container under a GPU runtime class that asks for no GPU and lacks the
+            # void (rules._container_findings; the mutation voids containers and init
+            # containers).
+            classes = strings(sorted(policy.gpu_runtime_classes))
+            terms.append(
+                f"has({spec}.runtimeClassName) && {spec}.runtimeClassName in {classes} && "
+                f"{containers}.exists(c, !({asks_for_gpu(policy, 'c')}) && "
+                f"!(has(c.env) && c.env.exists(e, e.name == {literal(VISIBLE_DEVICES)})))"
+            )
+        return " || ".join(f"({t})" for t in terms)
+
+    pieces.update(
+        {
+            "shadowingMount": mounts(
+                lambda m: f"({mount_shadow(policy, m)}) || ({read_only_volume(policy, m)})"
+            ),
+            "shadowingDevice": devices,
+            # The CDI and CRI-O annotations, the host namespaces, a GPU runtime class
+            # without the void.
+            "runtimeAccess": runtime,
+        }
+    )
+    return pieces
 
 
 def _runtime_annotations(policy: Policy, annotations: str) -> str:
@@ -244,23 +333,22 @@ def _runtime_annotations(policy: Policy, annotations: str) -> str:
     return f"{annotations}.exists(k, {' || '.join(f'({t})' for t in terms)})"
 
 
-def host_device_access(policy: Policy) -> str:
-    """host-device-access of the object; on a pod UPDATE only when the old pod passed it.
+def host_access_variables(policy: Policy) -> list[Obj]:
+    """What host-device-access reads: the injected mounts, then its pieces of each pod."""
+    return [
+        {"name": "injectedMounts", "expression": injected_mounts(policy)},
+        *pod_pieces(host_access_pieces(policy)),
+    ]
 
-    The old pod is judged in the new one's mode (only an annotation can change it; there
-    is no variable for the old mode). That never refuses what the core admits: each
-    finding the new pod shares with the old one (a volume, a container's mount, a CDI
-    key), the old pod also has in the new mode, since volumes and containers' mounts do
-    not change on an update.
+
+def host_device_access(policy: Policy) -> PodTest:
+    """host-device-access of one pod: one of its pieces (:func:`host_access_pieces`) holds.
+
+    On a pod UPDATE the old pod is judged in the new one's mode (only an annotation can
+    change it; there is no variable for the old mode). That never refuses what the core
+    admits: each finding the new pod shares with the old one (a volume, a container's
+    mount, a CDI key), the old pod also has in the new mode, since volumes and containers'
+    mounts do not change on an update.
     """
-    new = _host_access(
-        policy, "variables.containers", "variables.gpu", "variables.spec", "variables.annotations"
-    )
-    old = _host_access(
-        policy,
-        "variables.oldContainers",
-        "variables.oldGpu",
-        "variables.oldSpec",
-        "variables.oldAnnotations",
-    )
-    return f"!(({new}) && !(variables.podUpdate && ({old})))"
+    pieces = host_access_pieces(policy)
+    return pieces_test([name for name in pieces if name != "hostPaths"])

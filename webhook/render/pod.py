@@ -175,6 +175,52 @@ def sharing_test(policy: Policy) -> str:
 PodTest = Callable[[str, str, str], str]
 
 
+# The annotations of the pod spec a PodTest reads.
+ANNOTATIONS_OF: Final = {
+    "variables.spec": "variables.annotations",
+    "variables.oldSpec": "variables.oldAnnotations",
+}
+
+
+# The containers of the old pod, as a PodTest is handed them.
+OLD_CONTAINERS: Final = "variables.oldContainers"
+
+
+def old_name(name: str) -> str:
+    """The variable holding for the old pod what ``name`` holds for the object."""
+    return "old" + name[0].upper() + name[1:]
+
+
+def piece(name: str, containers: str) -> str:
+    """The variable ``name`` (a :func:`pod_pieces` piece) of the pod whose containers a
+    PodTest was handed as ``containers``: the object's, or the old pod's."""
+    return f"variables.{old_name(name) if containers == OLD_CONTAINERS else name}"
+
+
+def pieces_test(names: Sequence[str]) -> PodTest:
+    """The pod breaks a rule when one of the pieces ``names`` holds, in that order."""
+
+    def test(containers: str, gpu: str, spec: str) -> str:
+        return " || ".join(piece(n, containers) for n in names)
+
+    return test
+
+
+def pod_pieces(pieces: Mapping[str, PodTest]) -> list[Obj]:
+    """Each of ``pieces`` (name -> test of one pod) as a variable of the object and one of
+    the old pod (:func:`old_name`, ``{}``'s when no pod is updated): a rule reads a pod as a
+    short composition of them, and the apiserver evaluates each once, when first read."""
+    sides = (
+        ("variables.containers", "variables.gpu", "variables.spec"),
+        (OLD_CONTAINERS, "variables.oldGpu", "variables.oldSpec"),
+    )
+    return [
+        {"name": name if side is sides[0] else old_name(name), "expression": test(*side)}
+        for name, test in pieces.items()
+        for side in sides
+    ]
+
+
 def value_of(entry: str) -> str:
     return f"(has({entry}.value) ? {entry}.value : '')"
 

@@ -59,7 +59,7 @@ def with_parts_value(c: str, body: str) -> str:
     return f"[{_LIMITS.format(c=c)}].map(L, [{_REQUESTS.format(c=c)}].map(R, {body})[0])[0]"
 
 
-def _whole(v: str, low: int, high: int) -> str:
+def _whole(v: str, low: int, high: str) -> str:
     """``_integer`` accepts the quantity text ``v``: a whole number low..high, without a
     binary suffix (``3Gi`` of MiB is a unit mistake, never 3 GiB)."""
     return (
@@ -68,15 +68,15 @@ def _whole(v: str, low: int, high: int) -> str:
     )
 
 
-def _amount(value: str, low: int, high: int, scale: int = 1) -> str:
-    """The whole number ``value`` (a quantity as CEL) holds within low..high, times
-    ``scale``; -1 when ``_integer`` refuses it."""
-    times = f" * {scale}" if scale != 1 else ""
-    whole = _whole("v", low, high)
-    return f"[string({value})].map(v, {whole} ? quantity(v).asInteger(){times} : -1)[0]"
-
-
 _ASKED: Final = "string(r in L ? L[r] : R[r])"
+
+
+# The whole number resource ``r`` asks for, -1 where ``_integer`` refuses its text (a
+# binary suffix, a fraction, no quantity).
+_ASKED_INTEGER: Final = (
+    f"[{_ASKED}].map(v, isQuantity(v) && !v.endsWith('i') && quantity(v).isInteger() ? "
+    "quantity(v).asInteger() : -1)[0]"
+)
 
 
 def asked_names(names: Iterable[str]) -> str:
@@ -104,11 +104,15 @@ def _units(policy: Policy) -> list[tuple[str, int, int]]:
 
 
 def valid_amount(policy: Policy, v: str) -> str:
-    """The quantity text ``v`` of GPU resource ``r`` is what its unit allows."""
-    expression = _priority_valid(v)
-    for test, low, high in reversed(_units(policy)):
-        expression = f"({test}) ? ({_whole(v, low, high)}) : ({expression})"
-    return expression
+    """The quantity text ``v`` of GPU resource ``r`` is what its unit allows: a whole number
+    from 1 up to its unit's bound (``high``; 0 for a priority, which is read as one)."""
+    units = _units(policy)
+    if any(low != 1 for _, low, _ in units):
+        raise ValueError("every unit's amounts start at 1")
+    high = "0"
+    for test, _, bound in reversed(units):
+        high = f"({test}) ? {bound} : {high}"
+    return f"[{high}].exists(high, high > 0 ? ({_whole(v, 1, 'high')}) : ({_priority_valid(v)}))"
 
 
 def same_amount(a: str, b: str) -> str:
@@ -119,18 +123,26 @@ def same_amount(a: str, b: str) -> str:
     )
 
 
-def _invalid_request(policy: Policy) -> str:
-    """``read_container``'s problems of container ``c``: a GPU resource in requests but not
-    limits or differing from its limit, a value its unit does not allow, memory asked
-    twice."""
+def _request_problems(policy: Policy) -> dict[str, str]:
+    """``read_container``'s problems of container ``c`` by name: a GPU resource in requests
+    but not limits or differing from its limit, a value its unit does not allow, memory
+    asked twice."""
     gpu = gpu_resource(policy)
-    terms = [
-        f"R.exists(r, ({gpu}) && !(r in L && ({same_amount('R[r]', 'L[r]')})))",
-        f"L.exists(r, ({gpu}) && !([string(L[r])].exists(v, {valid_amount(policy, 'v')})))",
-    ]
+    terms = {
+        "unequalRequest": f"R.exists(r, ({gpu}) && !(r in L && ({same_amount('R[r]', 'L[r]')})))",
+        "invalidAmount": (
+            f"L.exists(r, ({gpu}) && !([string(L[r])].exists(v, {valid_amount(policy, 'v')})))"
+        ),
+    }
     if len(policy.memory_resources) > 1:
-        terms.append(f"size({asked_names(policy.memory_resources)}) > 1")
-    return with_parts("c", " || ".join(f"({t})" for t in terms))
+        terms["memoryTwice"] = f"size({asked_names(policy.memory_resources)}) > 1"
+    return terms
+
+
+def _in_range(n: str, low: int, high: int, scale: int = 1) -> str:
+    """The whole number ``n`` times ``scale`` where it lies in low..high, else -1."""
+    times = f" * {scale}" if scale != 1 else ""
+    return f"{n} >= {low} && {n} <= {high} ? {n}{times} : -1"
 
 
 def _ask(policy: Policy, c: str, *, init: bool = False) -> str:
@@ -139,47 +151,69 @@ def _ask(policy: Policy, c: str, *, init: bool = False) -> str:
     devices it gets (``rules._gpus``), ``m`` its memory in MiB (the last valid one, else 0),
     ``k`` its cores (the last cores resource, -1 when invalid or absent), ``pct`` its memory
     percentage (likewise), ``p`` its priority (the last valid one, else HAMi-core's 1);
-    with ``init``, ``side``: 1 for a sidecar (restartPolicy Always)."""
-    counts = f"{asked_names(policy.count_resources)}.map(r, {_amount(_ASKED, 1, MAX_COUNT)})"
-    gpus = f"[{counts}].map(x, size(x) > 0 && x[size(x) - 1] > 0 ? x[size(x) - 1] : 1)[0]"
-    mib = sorted(policy.memory_mib_resources)
-    # A GiB value above MAX_GIB is MiB (resources._read_sharing).
-    gib = f"[{_amount(_ASKED, 1, MAX_GIB, 1024)}].map(x, x > 0 ? x : {_amount(_ASKED, MAX_GIB + 1, MAX_MIB)})[0]"
-    memory = (
-        f"{asked_names(policy.memory_resources)}.map(r, r in {strings(mib)} ? "
-        f"{_amount(_ASKED, 1, MAX_MIB)} : {gib}).filter(x, x > 0)"
+    with ``init``, ``side``: 1 for a sidecar (restartPolicy Always).
+
+    ``N`` holds the whole number each resource of a unit holds, in name order (-1 where
+    ``_integer`` refuses it, -2 where the container does not ask for it): each quantity is
+    read once, and each unit picks its resources' places."""
+    names = sorted(
+        policy.count_resources
+        | policy.memory_resources
+        | policy.cores_resources
+        | policy.memory_percentage_resources
     )
-    cores = f"{asked_names(policy.cores_resources)}.map(r, {_amount(_ASKED, 1, 100)})"
-    percentage = (
-        f"{asked_names(policy.memory_percentage_resources)}.map(r, {_amount(_ASKED, 1, 100)})"
+    numbers = f"{strings(names)}.map(r, r in L || r in R ? {_ASKED_INTEGER} : -2)"
+
+    def n(resource: str) -> str:
+        return f"N[{names.index(resource)}]"
+
+    def asked(resources: Iterable[str], high: int) -> str:
+        picked = ", ".join(n(r) for r in sorted(resources))
+        return f"[{picked}].filter(n, n != -2).map(n, {_in_range('n', 1, high)})"
+
+    counts = asked(policy.count_resources, MAX_COUNT)
+    gpus = f"[{counts}].map(x, size(x) > 0 && x[size(x) - 1] > 0 ? x[size(x) - 1] : 1)[0]"
+    # A GiB value above MAX_GIB is MiB (resources._read_sharing); one not asked (-2) is
+    # out of every range, and dropped with the invalid ones.
+    memory = ", ".join(
+        _in_range(n(r), 1, MAX_MIB)
+        if r in policy.memory_mib_resources
+        else f"{n(r)} >= 1 && {n(r)} <= {MAX_GIB} ? {n(r)} * 1024 : "
+        f"{_in_range(n(r), MAX_GIB + 1, MAX_MIB)}"
+        for r in sorted(policy.memory_resources)
     )
     priority = (
-        f"{asked_names(policy.priority_resources)}.map(r, {_priority_valid(_ASKED)} ? "
-        f"int({_ASKED}) : {_NO_PRIORITY}).filter(x, x != {_NO_PRIORITY})"
+        f"{asked_names(policy.priority_resources)}.map(r, [{_ASKED}].map(v, "
+        f"{_priority_valid('v')} ? int(v) : {_NO_PRIORITY})[0]).filter(x, x != {_NO_PRIORITY})"
     )
-    mig = f"L.exists(r, {mig_test(policy)}) || R.exists(r, {mig_test(policy)})"
-    # Each MIG instance counts, 1 when its count is invalid.
+    # Each MIG instance counts, 1 when its count is invalid (none: 0).
     devices = (
-        f"(L.filter(r, {mig_test(policy)}).map(r, {_amount(_ASKED, 1, MAX_COUNT)}) + "
-        f"R.filter(r, !(r in L) && ({mig_test(policy)})).map(r, {_amount(_ASKED, 1, MAX_COUNT)})"
-        ").map(n, n > 0 ? n : 1).sum()"
+        f"(L.filter(r, {mig_test(policy)}) + R.filter(r, !(r in L) && ({mig_test(policy)})))"
+        f".map(r, {_ASKED_INTEGER}).map(n, n >= 1 && n <= {MAX_COUNT} ? n : 1).sum()"
     )
-    shares = f"{strings(sorted(shared_resources(policy)))}.exists(r, r in L || r in R)"
+    shared = sorted(shared_resources(policy))
+    shares = f"{strings(shared)}.exists(r, r in L || r in R)"
+    if set(names) <= set(shared):
+        # The places of N are asked for where they are not -2.
+        others = [r for r in shared if r not in names]
+        shares = "N.exists(n, n != -2)" + (
+            f" || {strings(others)}.exists(r, r in L || r in R)" if others else ""
+        )
     fields = {
-        "g": gpus,
-        "d": f"{shares} ? {gpus} : ({mig} ? {devices} : 0)",
-        "m": _last(memory, "0"),
-        "k": _last(cores, "-1"),
-        "pct": _last(percentage, "-1"),
+        "g": "g",
+        "d": f"{shares} ? g : {devices}",
+        "m": _last(f"[{memory}].filter(x, x > 0)", "0"),
+        "k": _last(asked(policy.cores_resources, 100), "-1"),
+        "pct": _last(asked(policy.memory_percentage_resources, 100), "-1"),
         "p": _last(priority, "1"),
     }
     if init:
         fields["side"] = f"has({c}.restartPolicy) && {c}.restartPolicy == 'Always' ? 1 : 0"
         # Its place among the init containers (their names are unique), for the sidecars
         # declared before it: Kubernetes 1.30's CEL has no lists.range to index by.
-        fields["i"] = f"variables.spec.initContainers.map(x, x.name).indexOf({c}.name)"
+        fields["i"] = f"variables.initNames.indexOf({c}.name)"
     body = "{" + ", ".join(f"{literal(k)}: {v}" for k, v in fields.items()) + "}"
-    return with_parts_value(c, body)
+    return with_parts_value(c, f"[{numbers}].map(N, [{gpus}].map(g, {body})[0])[0]")
 
 
 def request_variables(policy: Policy) -> list[Obj]:
@@ -200,19 +234,34 @@ def request_variables(policy: Policy) -> list[Obj]:
             "expression": f"has({spec}.containers) ? {spec}.containers"
             f".filter(c, !({is_vacant(policy, 'c')})).map(c, {_ask(policy, 'c')}) : []",
         },
+        {"name": "initNames", "expression": f"{spec}.initContainers.map(x, x.name)"},
         {
             "name": "initAsks",
             "expression": f"has({spec}.initContainers) ? {spec}.initContainers"
             f".filter(c, !({is_vacant(policy, 'c')})).map(c, {_ask(policy, 'c', init=True)}) : []",
         },
+        # Both, in askNames' order.
+        {"name": "asks", "expression": "variables.mainAsks + variables.initAsks"},
+    ]
+
+
+def request_problem_variables(policy: Policy) -> list[Obj]:
+    """Per problem of :func:`_request_problems`, whether a container that is not vacant
+    has it (each a pass of its own: an admitted pod's containers are all read either
+    way)."""
+    return [
+        {
+            "name": name,
+            "expression": f"variables.containers.exists(c, !({is_vacant(policy, 'c')}) && "
+            f"{with_parts('c', test)})",
+        }
+        for name, test in _request_problems(policy).items()
     ]
 
 
 def invalid_gpu_request(policy: Policy) -> str:
-    return (
-        "!(variables.created && variables.gpu && variables.containers.exists(c, "
-        f"!({is_vacant(policy, 'c')}) && {_invalid_request(policy)}))"
-    )
+    problems = " || ".join(f"variables.{name}" for name in _request_problems(policy))
+    return f"!(variables.created && variables.gpu && ({problems}))"
 
 
 def gpu_quota(policy: Policy) -> str | None:
@@ -222,7 +271,7 @@ def gpu_quota(policy: Policy) -> str | None:
     container beside the sidecars declared before it)."""
     each, pod = policy.container_maxima, policy.pod_maxima
     terms = []
-    asks = "(variables.mainAsks + variables.initAsks)"
+    asks = "variables.asks"
     per_container = []
     if each.gpus is not None:
         per_container.append(f"a['d'] > {each.gpus}")

@@ -6,6 +6,7 @@ Held equal to its core twins (:data:`CORE_TWINS`) by the differential tests.
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from webhook.core import rules as core_rules
@@ -13,7 +14,7 @@ from webhook.core import whole as core_whole
 from webhook.core.policy import DEFAULT_SCHEDULER, Policy
 from webhook.render.cel import glob_test, literal, strings
 from webhook.render.modes import SELECTOR, named_steps, selects
-from webhook.render.pod import asks_test, mig_test
+from webhook.render.pod import Obj, asks_test, mig_test
 
 # The core functions this family renders: a rename there breaks the import here.
 CORE_TWINS: Final = (
@@ -44,11 +45,11 @@ def keeps_scheduler(policy: Policy) -> str:
     )
     return (
         f"variables.sharing && !variables.containers.exists(c, {other}) && !({named}) && "
-        f"(({default}) ? ({_served_elsewhere(policy)}) : ({own}))"
+        f"(({default}) ? variables.servedElsewhere : ({own}))"
     )
 
 
-def _served_elsewhere(policy: Policy) -> str:
+def served_elsewhere(policy: Policy) -> str:
     """``whole.served_elsewhere`` of a pod that asks only for whole GPUs: each is one of
     wholeGpus.draResources, or the pod selects a pool of wholeGpus.otherPools."""
     terms = []
@@ -72,13 +73,15 @@ def _served_elsewhere(policy: Policy) -> str:
 _REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
-# The pod's required nodeSelectorTerms, [] where a level is missing.
-NODE_TERMS: Final = (
-    "(has(variables.spec.affinity) && has(variables.spec.affinity.nodeAffinity) && "
+# The pod's required nodeSelectorTerms, [] where a level is missing
+# (``variables.nodeTerms``).
+REQUIRED_TERMS: Final = (
+    "has(variables.spec.affinity) && has(variables.spec.affinity.nodeAffinity) && "
     f"has(variables.spec.affinity.nodeAffinity.{_REQUIRED}) && "
     f"has(variables.spec.affinity.nodeAffinity.{_REQUIRED}.nodeSelectorTerms) ? "
-    f"variables.spec.affinity.nodeAffinity.{_REQUIRED}.nodeSelectorTerms : [])"
+    f"variables.spec.affinity.nodeAffinity.{_REQUIRED}.nodeSelectorTerms : []"
 )
+NODE_TERMS: Final = "variables.nodeTerms"
 
 
 def holds_requirement(term: str, key: str, operator: str, value: str) -> str:
@@ -120,24 +123,34 @@ def wanted_scheduler(policy: Policy) -> str:
     return "variables.scheduler"
 
 
-def scheduler_for(policy: Policy) -> str:
-    """``Policy.scheduler_for`` of a sharing pod: a resource's scheduler when every
-    sharing resource the pod asks for is listed for that scheduler, else its mode's
-    (``variables.chosenMode``, chosen as the core chooses it), else the policy's."""
+def _resources_by_scheduler(policy: Policy) -> dict[str, list[str]]:
     by_scheduler: dict[str, list[str]] = {}
     for resource, scheduler in policy.resource_schedulers.items():
         by_scheduler.setdefault(scheduler, []).append(resource)
-    expression = literal(policy.scheduler_name)
-    for mode, scheduler in sorted(policy.mode_schedulers.items(), reverse=True):
-        expression = (
-            f"variables.chosenMode == {literal(mode)} ? {literal(scheduler)} : ({expression})"
-        )
+    return by_scheduler
+
+
+def beyond_name(scheduler: str, taken: set[str]) -> str:
+    """The variable holding whether the pod asks for GPUs ``scheduler`` does not account
+    for (``beyondHamiScheduler``), unlike any name in ``taken``."""
+    words = re.split(r"[^A-Za-z0-9]+", scheduler)
+    name = "beyond" + "".join(w[:1].upper() + w[1:] for w in words)
+    unique, i = name, 2
+    while unique in taken:
+        unique, i = f"{name}{i}", i + 1
+    taken.add(unique)
+    return unique
+
+
+def scheduler_variables(policy: Policy) -> list[Obj]:
+    """Per scheduler of the policy's resourceSchedulers, whether a container asks for GPUs
+    it does not account for: a slice not listed for it, or a count resource not listed for
+    it without slices of its own vendor beside it (``Policy.scheduling_resources``)."""
     sharing = sorted(r for r in policy.gpu_resources if not r.startswith(policy.mig_prefixes))
     slices = [r for r in sharing if r not in policy.count_resources]
-    for scheduler, resources in sorted(by_scheduler.items(), reverse=True):
-        # A container asks for GPUs this scheduler does not account for: a slice not
-        # listed for it, or a count resource not listed for it without slices of its
-        # own vendor beside it (Policy.scheduling_resources).
+    found: list[Obj] = []
+    taken: set[str] = set()
+    for scheduler, resources in sorted(_resources_by_scheduler(policy).items()):
         terms = []
         other_slices = [r for r in slices if r not in resources]
         if other_slices:
@@ -151,9 +164,29 @@ def scheduler_for(policy: Policy) -> str:
                 term += f" && !({asks_test('c', f'r in {strings(own)}', policy=policy)})"
             terms.append(term)
         other = " || ".join(f"({t})" for t in terms) or "false"
-        expression = (
-            f"!(variables.containers.exists(c, {other})) ? {literal(scheduler)} : ({expression})"
+        found.append(
+            {
+                "name": beyond_name(scheduler, taken),
+                "expression": f"variables.containers.exists(c, {other})",
+            }
         )
+    return found
+
+
+def scheduler_for(policy: Policy) -> str:
+    """``Policy.scheduler_for`` of a sharing pod: a resource's scheduler when every
+    sharing resource the pod asks for is listed for that scheduler
+    (:func:`scheduler_variables`), else its mode's (``variables.chosenMode``, chosen as the
+    core chooses it), else the policy's."""
+    expression = literal(policy.scheduler_name)
+    for mode, scheduler in sorted(policy.mode_schedulers.items(), reverse=True):
+        expression = (
+            f"variables.chosenMode == {literal(mode)} ? {literal(scheduler)} : ({expression})"
+        )
+    schedulers = sorted(_resources_by_scheduler(policy))
+    beyond = {v["name"]: s for v, s in zip(scheduler_variables(policy), schedulers, strict=True)}
+    for name, scheduler in reversed(beyond.items()):
+        expression = f"!variables.{name} ? {literal(scheduler)} : ({expression})"
     return expression
 
 

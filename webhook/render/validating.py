@@ -135,17 +135,30 @@ from webhook.render.admission import (
     readable,
 )
 from webhook.render.cel import literal, text
-from webhook.render.claims import pod_claims, written_claims
-from webhook.render.env import limit_tampering, raw_visible_devices, written_env
+from webhook.render.claims import pod_claims, written_claim_variables, written_claims
+from webhook.render.env import (
+    env_tables,
+    limit_tampering,
+    raw_visible_devices,
+    tampering_pieces,
+    visible_pieces,
+    written_env,
+    written_env_variables,
+)
 from webhook.render.exception import excepted, unless_excepted
-from webhook.render.forged import forged_allocation
+from webhook.render.forged import forged_allocation, forged_variables
 from webhook.render.messages import MESSAGES, SOURCE_MESSAGES, message_expressions
-from webhook.render.modes import mode_conflict
-from webhook.render.mutated import unmutated
-from webhook.render.paths import host_device_access
-from webhook.render.pod import Obj, PodTest
+from webhook.render.modes import conflict_variables, mode_conflict
+from webhook.render.mutated import unmutated, unmutated_variables
+from webhook.render.paths import host_access_variables, host_device_access
+from webhook.render.pod import Obj, PodTest, pod_pieces
 from webhook.render.privilege import node_name_pinning, privileged_gpu
-from webhook.render.requests import gpu_quota, invalid_gpu_request, request_variables
+from webhook.render.requests import (
+    gpu_quota,
+    invalid_gpu_request,
+    request_problem_variables,
+    request_variables,
+)
 from webhook.render.scheduling import scheduler_bypass
 from webhook.render.scope import match_conditions as scope_conditions
 from webhook.render.variables import variables
@@ -216,7 +229,7 @@ def rule_expressions(policy: Policy) -> dict[str, str]:
         "privileged-gpu": _pod_rule(privileged_gpu),
         "node-name-pinning": _pod_rule(node_name_pinning),
         "raw-visible-devices": _pod_rule(raw_visible_devices(policy)),
-        "host-device-access": host_device_access(policy),
+        "host-device-access": _pod_rule(host_device_access(policy)),
         "limit-tampering": _pod_rule(limit_tampering(policy)),
         "invalid-gpu-request": invalid_gpu_request(policy),
         "mode-conflict": mode_conflict(policy),
@@ -236,6 +249,33 @@ def rule_expressions(policy: Policy) -> dict[str, str]:
 
 
 RULES: Final = tuple(MESSAGES)
+
+
+def rule_variables(policy: Policy) -> dict[str, list[Obj]]:
+    """The variables each rule's validation and message read beyond the shared ones (in
+    the order they read each other), rendered only where the rule is: each a piece a
+    person reads by its name, evaluated once per object, when first read."""
+    return {
+        "raw-visible-devices": [*env_tables(), *pod_pieces(visible_pieces(policy))],
+        "host-device-access": host_access_variables(policy),
+        "limit-tampering": [*env_tables(), *pod_pieces(tampering_pieces(policy))],
+        "invalid-gpu-request": request_problem_variables(policy),
+        "mode-conflict": conflict_variables(policy),
+        "forged-allocation": forged_variables(policy),
+        "unmutated-gpu-pod": unmutated_variables(policy),
+    }
+
+
+def _rule_variables(policy: Policy, rules: Iterable[str]) -> list[Obj]:
+    """The variables of ``rules`` (:func:`rule_variables`), one of each name."""
+    found: dict[str, Obj] = {}
+    every = rule_variables(policy)
+    for rule in rules:
+        for variable in every.get(rule, ()):
+            kept = found.setdefault(variable["name"], variable)
+            if kept["expression"] != variable["expression"]:
+                raise ValueError(f"two variables named {variable['name']}")
+    return list(found.values())
 
 
 def policy_name(action: Action, *, sources: bool = False) -> str:
@@ -279,7 +319,10 @@ def validating_policies(
         expression = unless_excepted(policy, rule, expression, today=today)
         expressions.setdefault(action, {})[rule] = expression
         validation = {
-            "expression": expression,
+            # A recorded rule's expression is its audit variable's (audit_annotations).
+            "expression": (
+                f"variables.{holds_variable(rule)}" if action in RECORDED_ACTIONS else expression
+            ),
             "message": f"[{rule}] {MESSAGES[rule]}",
             "reason": "Forbidden",
         }
@@ -306,7 +349,10 @@ def validating_policies(
         }
         if conditions:
             spec["matchConditions"] = [dict(c) for c in conditions]
-        spec["variables"] = [dict(v) for v in shared]
+        spec["variables"] = [
+            *(dict(v) for v in shared),
+            *_rule_variables(policy, expressions[action]),
+        ]
         spec["validations"] = validations
         if action in RECORDED_ACTIONS:
             held, spec["auditAnnotations"] = audit_annotations(expressions[action], MESSAGES)
@@ -437,6 +483,10 @@ def _source_policies(policy: Policy, namespace: str, *, today: str) -> list[Obj]
         "raw-visible-devices": written_env(policy),
         "gpu-claim": written_claims(policy),
     }
+    own = {
+        "raw-visible-devices": written_env_variables(policy),
+        "gpu-claim": written_claim_variables(policy),
+    }
     by_action: dict[Action, list[Obj]] = {}
     recorded: dict[Action, dict[str, str]] = {}
     for rule, unexcepted in expressions.items():
@@ -446,7 +496,11 @@ def _source_policies(policy: Policy, namespace: str, *, today: str) -> list[Obj]
             recorded.setdefault(action, {})[rule] = expression
             by_action.setdefault(action, []).append(
                 {
-                    "expression": expression,
+                    "expression": (
+                        f"variables.{holds_variable(rule)}"
+                        if action in RECORDED_ACTIONS
+                        else expression
+                    ),
                     "message": f"[{rule}] {SOURCE_MESSAGES[rule]}",
                     "reason": "Forbidden",
                 }
@@ -467,12 +521,12 @@ def _source_policies(policy: Policy, namespace: str, *, today: str) -> list[Obj]
             "failurePolicy": "Fail",
             "matchConstraints": _source_constraints(namespace),
             "matchConditions": [dict(c) for c in conditions],
+            "variables": [v for rule in recorded[action] for v in own[rule]],
             "validations": validations,
         }
         if action in RECORDED_ACTIONS:
-            spec["variables"], spec["auditAnnotations"] = audit_annotations(
-                recorded[action], SOURCE_MESSAGES
-            )
+            held, spec["auditAnnotations"] = audit_annotations(recorded[action], SOURCE_MESSAGES)
+            spec["variables"].extend(held)
         objects += _policy_and_binding(
             name, spec, actions=validation_actions, resources=_source_constraints(namespace)
         )

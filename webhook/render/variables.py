@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from webhook.core.policy import Policy
 from webhook.render.cel import guarded, strings
-from webhook.render.modes import chosen_mode, dynamic_mig, library
+from webhook.render.modes import NODE_SELECTOR, annotated_mode, chosen_mode, dynamic_mig, library
 from webhook.render.pod import (
     Obj,
     asks_test,
@@ -23,7 +23,13 @@ from webhook.render.pod import (
     template,
     vacant,
 )
-from webhook.render.scheduling import keeps_scheduler, scheduler_for
+from webhook.render.scheduling import (
+    REQUIRED_TERMS,
+    keeps_scheduler,
+    scheduler_for,
+    scheduler_variables,
+    served_elsewhere,
+)
 
 
 def _mig(policy: Policy, containers: str) -> str:
@@ -69,12 +75,17 @@ def variables(policy: Policy) -> list[Obj]:
         {"name": "oldContainers", "expression": container_list("variables.oldSpec")},
         {"name": "oldGpu", "expression": gpu_test(policy, "variables.oldContainers")},
         {"name": "annotations", "expression": _annotations("variables.meta")},
+        {"name": "nodeSelector", "expression": NODE_SELECTOR},
         {"name": "oldAnnotations", "expression": _annotations("variables.oldMeta")},
         {"name": "sharing", "expression": "size(variables.sharers) > 0"},
         {"name": "mig", "expression": _mig(policy, "variables.containers")},
+        {"name": "annotatedMode", "expression": annotated_mode(policy)},
         {"name": "chosenMode", "expression": chosen_mode(policy)},
+        *scheduler_variables(policy),
         {"name": "scheduler", "expression": scheduler_for(policy)},
         {"name": "dynamicMig", "expression": dynamic_mig(policy)},
+        {"name": "nodeTerms", "expression": REQUIRED_TERMS},
+        {"name": "servedElsewhere", "expression": served_elsewhere(policy)},
         {"name": "whole", "expression": keeps_scheduler(policy)},
         # A pod that keeps its own scheduler for whole GPUs uses no mode.
         {"name": "mode", "expression": "variables.whole ? 'none' : variables.chosenMode"},
