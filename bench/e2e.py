@@ -28,13 +28,11 @@ import copy
 import json
 import os
 import re
-import ssl
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 from typing import Any, Final, NamedTuple
 
@@ -315,14 +313,7 @@ class Metrics:
         return found
 
     def _plugins(self) -> dict[str, float]:
-        context = ssl.create_default_context(cafile=str(self._cluster.ca_file))
-        # The dev cluster's own apiserver on loopback, over its CA.
-        request = urllib.request.Request(  # noqa: S310
-            f"{self._cluster.server}/metrics",
-            headers={"Authorization": f"Bearer {self._cluster.token}"},
-        )
-        with urllib.request.urlopen(request, context=context, timeout=30) as response:  # noqa: S310
-            text = response.read().decode()
+        text = self._cluster.get("/metrics", timeout=30).decode()
         seconds: dict[str, float] = dict.fromkeys(PLUGINS, 0.0)
         for line in text.splitlines():
             match = _PLUGIN_SUM.match(line)

@@ -442,6 +442,10 @@ def test_volcano_allocation_annotations_on_update(key: str, user: User, allowed:
         assert_refused(decision, "forged-allocation")
 
 
+# A parameter for a test run in a pod that asks for a GPU and in one that does not.
+GPU_OR_PLAIN: Final = [pytest.param(True, id="gpu-pod"), pytest.param(False, id="plain-pod")]
+
+
 CDI_VALUES: Final = (
     "nvidia.com/gpu=all",
     "nvidia.com/gpu=0,nvidia.com/gpu=1",
@@ -452,9 +456,7 @@ CDI_VALUES: Final = (
 
 
 @pytest.mark.parametrize("value", CDI_VALUES)
-@pytest.mark.parametrize(
-    "base", [pytest.param(True, id="gpu-pod"), pytest.param(False, id="plain-pod")]
-)
+@pytest.mark.parametrize("base", GPU_OR_PLAIN)
 @pytest.mark.parametrize("user", [TENANT, SCHEDULER], ids=["tenant", "scheduler"])
 def test_cdi_annotation_added_by_update_is_refused(value: str, base: bool, user: User) -> None:
     # A pending pod that asked for no GPU (or a slice) gets whole cards from the runtime.
@@ -478,9 +480,7 @@ NRI_CDI_KEYS: Final = (
 
 
 @pytest.mark.parametrize("key", NRI_CDI_KEYS)
-@pytest.mark.parametrize(
-    "base", [pytest.param(True, id="gpu-pod"), pytest.param(False, id="plain-pod")]
-)
+@pytest.mark.parametrize("base", GPU_OR_PLAIN)
 def test_nri_device_annotations_are_refused(key: str, base: bool) -> None:
     obj = pod(gpu() if base else container("app"), annotations={key: "nvidia.com/gpu=all"})
     assert_refused(review(obj), "host-device-access")

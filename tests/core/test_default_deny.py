@@ -23,6 +23,7 @@ from typing import Any, Final
 import pytest
 
 from tests.core.test_bypass import (
+    GPU_OR_PLAIN,
     MPS,
     VOLUME_LIBRARY,
     VOLUME_LOCK,
@@ -101,9 +102,7 @@ SHADOWING_PATHS: Final = (
 
 
 @pytest.mark.parametrize("path", SHADOWING_PATHS)
-@pytest.mark.parametrize(
-    "gpu_pod", [pytest.param(True, id="gpu-pod"), pytest.param(False, id="plain-pod")]
-)
+@pytest.mark.parametrize("gpu_pod", GPU_OR_PLAIN)
 def test_a_mount_where_the_gpu_stack_reads_is_refused(path: str, gpu_pod: bool) -> None:
     main = gpu if gpu_pod else functools.partial(container, "app")
     obj = pod(main(mounts=[mount("mine", path)]), volumes=[{"name": "mine", "emptyDir": {}}])
@@ -392,9 +391,7 @@ CDI_ATTACKS: Final[Mapping[str, tuple[str, str]]] = {
 
 
 @pytest.mark.parametrize("attack", sorted(CDI_ATTACKS))
-@pytest.mark.parametrize(
-    "gpu_pod", [pytest.param(True, id="gpu-pod"), pytest.param(False, id="plain-pod")]
-)
+@pytest.mark.parametrize("gpu_pod", GPU_OR_PLAIN)
 def test_a_cdi_annotation_is_refused_whatever_its_value(attack: str, gpu_pod: bool) -> None:
     key, value = CDI_ATTACKS[attack]
     obj = pod(gpu() if gpu_pod else container("app"), annotations={key: value})
@@ -429,9 +426,7 @@ CRIO_MALFORMED: Final = (
 
 @pytest.mark.parametrize("value", CRIO_ATTACKS)
 @pytest.mark.parametrize("key", CRIO_KEYS)
-@pytest.mark.parametrize(
-    "gpu_pod", [pytest.param(True, id="gpu-pod"), pytest.param(False, id="plain-pod")]
-)
+@pytest.mark.parametrize("gpu_pod", GPU_OR_PLAIN)
 def test_a_crio_device_annotation_off_the_list_is_refused(
     value: str, key: str, gpu_pod: bool
 ) -> None:
@@ -697,9 +692,7 @@ def test_hami_cores_override_file_is_pinned_by_the_mutation() -> None:
         "/x/../etc/ld.so.preload",
     ],
 )
-@pytest.mark.parametrize(
-    "gpu_pod", [pytest.param(True, id="gpu-pod"), pytest.param(False, id="plain-pod")]
-)
+@pytest.mark.parametrize("gpu_pod", GPU_OR_PLAIN)
 def test_a_block_device_where_the_gpu_stack_reads_is_refused(path: str, gpu_pod: bool) -> None:
     # A Block PVC's volumeDevices: runc makes (or, in a user namespace, bind-mounts) the
     # device node at devicePath, over the preload list or the library.

@@ -17,7 +17,7 @@ import itertools
 import re
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Final
 
@@ -222,11 +222,16 @@ def core_denials(obj: Any, namespace: str, policy: Policy = POLICY, **request: A
     return denied
 
 
-def _pod(name: str, *containers: Obj, **spec: Any) -> Obj:
+def _pod(
+    name: str, *containers: Obj, annotations: Mapping[str, str] | None = None, **spec: Any
+) -> Obj:
+    metadata: Obj = {"name": name}
+    if annotations is not None:
+        metadata["annotations"] = dict(annotations)
     return {
         "apiVersion": "v1",
         "kind": "Pod",
-        "metadata": {"name": name},
+        "metadata": metadata,
         "spec": {"containers": list(containers), **spec},
     }
 
@@ -405,24 +410,15 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         "scheduler-bypass",
     ),
     "scheduler-mps": (
-        {
-            **_pod("p", _c(), schedulerName="volcano"),
-            "metadata": {"name": "p", "annotations": {"gpushare.io/mode": " MPS"}},
-        },
+        _pod("p", _c(), schedulerName="volcano", annotations={"gpushare.io/mode": " MPS"}),
         "scheduler-bypass",
     ),
     "forged-annotation": (
-        {
-            **_pod("p", _c()),
-            "metadata": {"name": "p", "annotations": {"hami.io/vgpu-devices-allocated": "GPU-0"}},
-        },
+        _pod("p", _c(), annotations={"hami.io/vgpu-devices-allocated": "GPU-0"}),
         "forged-allocation",
     ),
     "forged-glob": (
-        {
-            **_pod("p", _c(gpu=False)),
-            "metadata": {"name": "p", "annotations": {"hami.io/mlu-devices-to-allocate": "x"}},
-        },
+        _pod("p", _c(gpu=False), annotations={"hami.io/mlu-devices-to-allocate": "x"}),
         "forged-allocation",
     ),
     # Spelled so that a literal prefix check misses it: the apiserver keeps "//" and "/./".
@@ -482,27 +478,19 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
     ),
     # Any CDI key: the runtime reads it whatever the vendor.
     "cdi-other-vendor": (
-        {
-            **_pod("p", _c(gpu=False)),
-            "metadata": {"name": "p", "annotations": {"cdi.k8s.io/fpga": "example.com/fpga=0"}},
-        },
+        _pod("p", _c(gpu=False), annotations={"cdi.k8s.io/fpga": "example.com/fpga=0"}),
         "host-device-access",
     ),
     "cdi-bare-name": (
-        {
-            **_pod("p", _c(gpu=False)),
-            "metadata": {"name": "p", "annotations": {"cdi.k8s.io/x": "all"}},
-        },
+        _pod("p", _c(gpu=False), annotations={"cdi.k8s.io/x": "all"}),
         "host-device-access",
     ),
     "crio-devices": (
-        {
-            **_pod("p", _c(gpu=False)),
-            "metadata": {
-                "name": "p",
-                "annotations": {"io.kubernetes.cri-o.Devices": "/dev/fuse,/dev/nvidia0:/dev/x:rw"},
-            },
-        },
+        _pod(
+            "p",
+            _c(gpu=False),
+            annotations={"io.kubernetes.cri-o.Devices": "/dev/fuse,/dev/nvidia0:/dev/x:rw"},
+        ),
         "host-device-access",
     ),
     "device-request-mount": (
@@ -519,36 +507,25 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
         "host-device-access",
     ),
     "cdi-annotation": (
-        {
-            **_pod("p", _c(gpu=False)),
-            "metadata": {"name": "p", "annotations": {"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}},
-        },
+        _pod("p", _c(gpu=False), annotations={"cdi.k8s.io/gpu": "nvidia.com/gpu=all"}),
         "host-device-access",
     ),
     # The NVIDIA toolkit's NRI plugin reads its domain as a bare key too.
     "nri-bare-cdi-key": (
-        {
-            **_pod("p", _c(gpu=False)),
-            "metadata": {"name": "p", "annotations": {"nvidia.cdi.k8s.io": "nvidia.com/gpu=all"}},
-        },
+        _pod("p", _c(gpu=False), annotations={"nvidia.cdi.k8s.io": "nvidia.com/gpu=all"}),
         "host-device-access",
     ),
     "nri-cdi-devices": (
-        {
-            **_pod("p", _c(gpu=False)),
-            "metadata": {
-                "name": "p",
-                "annotations": {"cdi-devices.noderesource.dev/pod": "nvidia.com/gpu=all"},
-            },
-        },
+        _pod(
+            "p",
+            _c(gpu=False),
+            annotations={"cdi-devices.noderesource.dev/pod": "nvidia.com/gpu=all"},
+        ),
         "host-device-access",
     ),
     # HAMi's scheduler decodes every vendor's allocated key for every pod.
     "hami-vendor-ledger": (
-        {
-            **_pod("p", _c()),
-            "metadata": {"name": "p", "annotations": {"hami.io/kunlun-allocated": "x"}},
-        },
+        _pod("p", _c(), annotations={"hami.io/kunlun-allocated": "x"}),
         "forged-allocation",
     ),
     # The threat model's families (docs/threat-model.md).
@@ -670,17 +647,15 @@ BYPASSES: Final[dict[str, tuple[Obj, str]]] = {
     "gke-driver-writable": (_writable_host("/home/kubernetes/bin/nvidia"), "host-device-access"),
     "driver-library-writable": (_writable_host("/opt/drv/libcuda.so.1"), "host-device-access"),
     "ack-ledger": (
-        {
-            **_pod("p", _c(resources={"limits": {"aliyun.com/gpu-mem": "3"}})),
-            "metadata": {"name": "p", "annotations": {"ALIYUN_COM_GPU_MEM_IDX": "1"}},
-        },
+        _pod(
+            "p",
+            _c(resources={"limits": {"aliyun.com/gpu-mem": "3"}}),
+            annotations={"ALIYUN_COM_GPU_MEM_IDX": "1"},
+        ),
         "forged-allocation",
     ),
     "volcano-ledger": (
-        {
-            **_pod("p", _c(gpu=False)),
-            "metadata": {"name": "p", "annotations": {"volcano.sh/vgpu-ids-new": "GPU-0"}},
-        },
+        _pod("p", _c(gpu=False), annotations={"volcano.sh/vgpu-ids-new": "GPU-0"}),
         "forged-allocation",
     ),
     "dra-class-resource": (
@@ -845,10 +820,7 @@ ADMITTED: Final[dict[str, Obj]] = {
         ),
     ),
     "plain-switches": _pod("p", _c(gpu=False, env=_env(("CUDA_DISABLE_CONTROL", "1")))),
-    "other-annotations": {
-        **_pod("p", _c()),
-        "metadata": {"name": "p", "annotations": {"hami.io/vgpu-mode": "x", "team": "ml"}},
-    },
+    "other-annotations": _pod("p", _c(), annotations={"hami.io/vgpu-mode": "x", "team": "ml"}),
     # A GiB resource above 1024 is read as MiB (ACK's MiB unit), with a warning.
     "ack-mib": _pod("p", _asks({"aliyun.com/gpu-mem": "16276"})),
     # Volcano's GPU-share memory: MiB, no count implied.
@@ -872,13 +844,9 @@ ADMITTED: Final[dict[str, Obj]] = {
         ),
         volumes=[{"name": "m", "emptyDir": {}}],
     ),
-    "crio-listed-devices": {
-        **_pod("p", _c(gpu=False)),
-        "metadata": {
-            "name": "p",
-            "annotations": {"devices.crio.io": "/dev/fuse:/dev/fuse:rwm,/dev/net/tun"},
-        },
-    },
+    "crio-listed-devices": _pod(
+        "p", _c(gpu=False), annotations={"devices.crio.io": "/dev/fuse:/dev/fuse:rwm,/dev/net/tun"}
+    ),
     # What the mutation injects, exactly, is not host-device-access.
     "mutated-vgpu": _mutated(_pod("p", _c())),
     "mutated-mps": _mutated(_pod("p", _c(), nodeSelector={"ack.node.gpu.schedule": "mps"})),

@@ -430,6 +430,13 @@ def _wait_bound(node: NodeHarness, namespace: str, name: str) -> dict[str, str]:
     raise AssertionError(f"{namespace}/{name} never bound")
 
 
+def _forged_pod(to_allocate: str) -> dict[str, Any]:
+    """A vGPU pod created with ``to_allocate`` as HAMi's allocation annotation."""
+    return pod(
+        "forged", container("main", resources=gpu_limits()), annotations={TO_ALLOCATE: to_allocate}
+    )
+
+
 @on("default-audit")
 def test_a_forged_allocation_before_allocate_picks_the_card(node: NodeHarness) -> None:
     # HAMi's device plugin hands a container the cards of the pending pod's
@@ -440,10 +447,7 @@ def test_a_forged_allocation_before_allocate_picks_the_card(node: NodeHarness) -
     # write after Filter and before the kubelet's Allocate is what Allocate reads: the
     # device plugin is held here so that the write lands there, as it may in a race.
     namespace = node.namespace("forged")
-    created_with = _forged(GPU_UUIDS[0], 16384)
-    manifest = pod(
-        "forged", container("main", resources=gpu_limits()), annotations={TO_ALLOCATE: created_with}
-    )
+    manifest = _forged_pod(_forged(GPU_UUIDS[0], 16384))
     with node.paused("device-plugin"):
         node.create(namespace, manifest)
         annotations = _wait_bound(node, namespace, "forged")
@@ -469,10 +473,7 @@ def test_a_forged_allocation_before_allocate_picks_the_card(node: NodeHarness) -
 def test_a_forged_allocation_is_refused_at_deny(node: NodeHarness) -> None:
     namespace = node.namespace("forged")
     forged = _forged(GPU_UUIDS[3], 16384)
-    manifest = pod(
-        "forged", container("main", resources=gpu_limits()), annotations={TO_ALLOCATE: forged}
-    )
-    assert "forged-allocation" in node.refusal(namespace, manifest)
+    assert "forged-allocation" in node.refusal(namespace, _forged_pod(forged))
 
     from kubernetes import client
 

@@ -379,22 +379,27 @@ class DevCluster:
         )
         self._wait_ready(apiserver, timeout=_CONTROL_PLANE_TIMEOUT)
 
-    def _wait_ready(self, apiserver: _Process, *, timeout: float) -> None:
+    def get(self, path: str, *, timeout: float) -> bytes:
+        """The body of a GET of ``path`` from the apiserver, as the admin, over its CA (an
+        error status raises, as urllib's HTTPError, an OSError)."""
         import ssl
         import urllib.request
 
         context = ssl.create_default_context(cafile=str(self.ca_file))
-        deadline = time.monotonic() + timeout
         request = urllib.request.Request(  # noqa: S310  # https to our own loopback apiserver
-            f"{self.server}/readyz", headers={"Authorization": f"Bearer {self.token}"}
+            f"{self.server}{path}", headers={"Authorization": f"Bearer {self.token}"}
         )
+        with urllib.request.urlopen(request, context=context, timeout=timeout) as response:  # noqa: S310
+            return bytes(response.read())
+
+    def _wait_ready(self, apiserver: _Process, *, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not apiserver.alive():
                 raise ClusterError(f"kube-apiserver exited:\n{apiserver.tail()}")
             try:
-                with urllib.request.urlopen(request, context=context, timeout=2) as response:  # noqa: S310
-                    if response.status == 200:
-                        return
+                self.get("/readyz", timeout=2)
+                return
             except OSError:
                 pass
             time.sleep(0.2)

@@ -92,7 +92,10 @@ from webhook.render.pod import (
     Shape,
     asks_for_gpu,
     container_list,
+    empty_dir_is,
     gpu_test,
+    host_volume_is,
+    mount_is,
     pod_shapes,
     shares,
     slice_test,
@@ -569,18 +572,15 @@ def _injection_data(policy: Policy) -> list[Obj]:
 # (``mutation._same_mount``: its volume, read-only as injected, no subPath).
 _AT_INJECTED: Final = "variables.injectionMounts.exists(i, i.mountPath == m.mountPath)"
 _KEPT_MOUNT: Final = (
-    "variables.injectionMounts.exists(i, i.mountPath == m.mountPath && m.name == i.name && "
-    "(has(m.readOnly) ? m.readOnly : false) == (i.readOnly == 'true') && "
-    "(!has(m.subPath) || m.subPath == '') && (!has(m.subPathExpr) || m.subPathExpr == ''))"
+    "variables.injectionMounts.exists(i, i.mountPath == m.mountPath && "
+    f"{mount_is('m', 'i.name', '(i.readOnly == ' + literal('true') + ')')})"
 )
 # A volume ``v`` of an injected name, and one that is the injected volume
 # (``injection.same_volume``: one source per volume, hostPath.type defaulted).
 _OF_INJECTED: Final = "variables.injectionVolumes.exists(i, i.name == v.name)"
 _KEPT_VOLUME: Final = (
     "variables.injectionVolumes.exists(i, i.name == v.name && (i.path != '' ? "
-    "has(v.hostPath) && v.hostPath.path == i.path && has(v.hostPath.type) && "
-    "v.hostPath.type == i.type : has(v.emptyDir) && !has(v.emptyDir.medium) && "
-    "!has(v.emptyDir.sizeLimit)))"
+    f"{host_volume_is('v', 'i.path', 'i.type')} : {empty_dir_is('v')}))"
 )
 # A stray vGPU limit variable ``n``, where ``w`` are the names wanted (vgpu mode only).
 _STRAY: Final = (

@@ -263,13 +263,22 @@ def same_volume(volume: str, injected: Mapping[str, Any]) -> str:
     name = f"{volume}.name == {literal(injected['name'])}"
     if "hostPath" in injected:
         host = injected["hostPath"]
-        return (
-            f"{name} && has({volume}.hostPath) && "
-            f"{volume}.hostPath.path == {literal(host['path'])} && "
-            f"has({volume}.hostPath.type) && {volume}.hostPath.type == {literal(host['type'])}"
-        )
+        return f"{name} && {host_volume_is(volume, literal(host['path']), literal(host['type']))}"
+    return f"{name} && {empty_dir_is(volume)}"
+
+
+def host_volume_is(volume: str, path: str, type_: str) -> str:
+    """``volume``'s source is the hostPath at ``path`` of ``type_`` (CEL strings)."""
     return (
-        f"{name} && has({volume}.emptyDir) && !has({volume}.emptyDir.medium) && "
+        f"has({volume}.hostPath) && {volume}.hostPath.path == {path} && "
+        f"has({volume}.hostPath.type) && {volume}.hostPath.type == {type_}"
+    )
+
+
+def empty_dir_is(volume: str) -> str:
+    """``volume``'s source is an emptyDir as injected: no medium, no size limit."""
+    return (
+        f"has({volume}.emptyDir) && !has({volume}.emptyDir.medium) && "
         f"!has({volume}.emptyDir.sizeLimit)"
     )
 
@@ -295,8 +304,14 @@ def shared_resources(policy: Policy) -> list[str]:
 def same_mount(mount: str, injected: Mapping[str, Any]) -> str:
     """``mutation._same_mount``: the injected volume, read-only as injected, no subPath."""
     read_only = "true" if injected.get("readOnly") else "false"
+    return mount_is(mount, literal(injected["name"]), read_only)
+
+
+def mount_is(mount: str, name: str, read_only: str) -> str:
+    """:func:`same_mount` of an injected mount whose volume ``name`` (a CEL string) and
+    ``read_only`` (a CEL bool) are expressions."""
     return (
-        f"{mount}.name == {literal(injected['name'])} && "
+        f"{mount}.name == {name} && "
         f"(has({mount}.readOnly) ? {mount}.readOnly : false) == {read_only} && "
         f"(!has({mount}.subPath) || {mount}.subPath == '') && "
         f"(!has({mount}.subPathExpr) || {mount}.subPathExpr == '')"
