@@ -53,9 +53,6 @@ STILL_OVER: Final = frozenset(
         "gpushare-deny.validations[invalid-gpu-request].messageExpression",
         "gpushare-deny.validations[limit-tampering].messageExpression",
         "gpushare-deny.validations[raw-visible-devices].messageExpression",
-        # One expression for the three shapes' typed objects (a pod, a template, a
-        # CronJob's): as three mutations, each would be a conversion and a merge more.
-        "gpushare-mutate.mutations[1].applyConfiguration.expression",
         "webhook[gpushare.io/gpu-relevant].expression",
     }
 )

@@ -20,38 +20,44 @@ Two policies, each for pods and the workload kinds' pod templates:
   that a CEL error never blocks a pod that shares no GPU; the raw-visible-devices
   validation still refuses a legacy container left without it.
 
-Patch types, per field:
+Each policy has one mutation, a JSONPatch: the apiserver converts the object, encodes,
+patches, decodes and defaults it for every mutation, with ops to make or not (a merge
+of an ApplyConfiguration costs as much again, and gpushare-mutate runs twice a create:
+the apiserver reinvokes it on its own output). Every op is computed on the object as
+it came, and applied in this order:
 
-- Everything the mutation sets is one ApplyConfiguration: the apiserver merges
-  containers, env and volumes by name and mounts by mountPath (server-side apply's
-  keys), so running it again on its own output sets the same values, whatever another
-  mutating webhook did in between (reinvocationPolicy IfNeeded). It cannot remove a
-  list entry, nor replace a field it does not set (an entry's ``valueFrom``, a mount's
-  ``subPath``): merged into such an entry, the pod would carry both and be refused.
-- First one JSONPatch, read on the object as it came: it records what the apply will
-  replace (a user's limit, switch, MPS value, mount or volume) in the annotation and
-  label ``gpushare.io/overridden``, for the ``gpushare-overrides``
-  ValidatingAdmissionPolicy to warn (:func:`_record`; a MutatingAdmissionPolicy has no
-  warnings of its own); it removes, by index from the last, only what the apply cannot
-  fix: an env entry of a wanted name that takes ``valueFrom`` or that a later entry of
-  the same name repeats, a stray vGPU limit variable, a mount at one of the injected
-  mountPaths that differs from the injected one, a volume of an injected name that
-  differs; and it adds the MPS node selector's missing keys and the pool affinity (a
-  pod's nodeSelector and a node affinity's terms are atomic, which an
-  ApplyConfiguration may not touch). One, not one per concern: the apiserver encodes,
-  patches, decodes and defaults the whole object for every JSONPatch mutation, empty
-  or not. No op carries an ``Object{}`` initializer, which kube-apiserver 1.36 panics
-  on inside a list (kubernetes#142181): values are plain maps and lists. A removal's
-  effect is gone once applied and a key is added only when absent, so a rerun finds
-  nothing to do.
+- the mode annotation, then the record of what the mutation replaces (a user's limit,
+  switch, MPS value, mount or volume) in the annotation and label
+  ``gpushare.io/overridden``, for the ``gpushare-overrides`` ValidatingAdmissionPolicy
+  to warn (:func:`_record`; a MutatingAdmissionPolicy has no warnings of its own);
+- in each sharing container, the value of an env entry of a wanted name that stays
+  (the last of that name, without ``valueFrom``), set in place by its index as given;
+- the removals, each list's by index from the last: an env entry of a wanted name that
+  takes ``valueFrom`` or that a later entry of the same name repeats, a stray vGPU
+  limit variable, a mount at one of the injected mountPaths that differs from the
+  injected one, a volume of an injected name that differs;
+- what is then missing, appended (a list the object lacks is added whole): the wanted
+  env entries, the injected mounts and volumes, the implied count resource, the void
+  in each container that asks for no GPU, the scheduler, ``hostIPC``, the MPS node
+  selector's missing keys and the pool affinity.
 
-What the ops say is computed in named variables (a variable can make no JSONPatch):
-what is injected as data (``injectionMounts``, ``injectionVolumes``), so that reading and
-writing it is rendered once for every mode; a first scan (``suspect``) that most pods
-end at; ``removed``, ``replacedInContainers`` and ``overridden``; the adds
-(``mpsNodeSelector``, ``poolAffinity``); and the wanted env by parts
+Entries are matched as the kubelet and server-side apply key them (env and volumes by
+name, mounts by mountPath), and each op is made only where the object differs, so a
+rerun on the mutation's own output, or on what another mutating webhook made of it
+(reinvocationPolicy IfNeeded), finds only what is still to do. No op carries an
+``Object{}`` initializer, which kube-apiserver 1.36 panics on inside a list
+(kubernetes#142181): values are plain maps and lists.
+
+What the ops say is computed in named variables (a variable can make no JSONPatch, so
+each add is a ``{'path', 'value'}`` map): what is injected as data
+(``injectionMounts``, ``injectionVolumes``), so that reading and writing it is
+rendered once for every mode; a first scan (``suspect``) that most pods end at;
+``removed``, ``replacedInContainers`` and ``overridden``; the wanted env by parts
 (``sliceAmounts``, ``loosened``, ``vgpuSwitches``, ``vgpuWants``, ``mpsWants``,
-``wants``). The apiserver evaluates a mutation's variables for that mutation alone.
+``wants``); and the ops' parts (``modeAnnotation``, ``setValues``, ``envAdds``,
+``mountAdds``, ``impliedAdds``, ``voidAdds``, ``specAdds``, ``mpsNodeSelector``,
+``poolAffinity``). The apiserver evaluates a mutation's variables for that mutation
+alone.
 
 CEL cannot read the cluster, so what the cluster view decides stays the webhook's:
 a memory percentage stays a percentage here (HAMi's device plugin turns it into the
@@ -381,6 +387,16 @@ def mutation_variables(policy: Policy) -> list[Obj]:
             )
         ),
         {"name": "removed", "expression": unbind(_removed())},
+        {"name": "modeAnnotation", "expression": unbind(_mode_annotation())},
+        {"name": "setValues", "expression": unbind(_set_values())},
+        *(
+            {"name": name, "expression": unbind(expression)}
+            for name, expression in zip(
+                ("envAdds", "mountAdds", "impliedAdds"), _container_adds(), strict=True
+            )
+        ),
+        {"name": "voidAdds", "expression": unbind(_void_adds())},
+        {"name": "specAdds", "expression": unbind(_spec_adds(policy))},
     ]
 
 
@@ -391,76 +407,184 @@ def _by_mode(values: Mapping[str, str], otherwise: str) -> str:
     return expression
 
 
-def _mounts(type_name: str) -> str:
-    """``variables.injectionMounts`` as ApplyConfiguration literals of ``type_name``."""
+def _escaped(key: str) -> str:
+    """``key`` as one step of a JSON Pointer (RFC 6901), at render time."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _appended(at: str, present: str, items: str) -> str:
+    """The adds (:func:`_added`) that put ``items`` (a CEL list) at the end of the list at
+    the pointer ``at``, whose entries are ``present``: the whole list where it has none
+    (an absent or empty list has no end to add to)."""
     return (
-        f"variables.injectionMounts.map(i, {type_name}{{name: i.name, mountPath: i.mountPath, "
-        "?readOnly: i.readOnly == 'true' ? optional.of(true) : optional.none()})"
+        f"(size({items}) == 0 ? [] : size({present}) == 0 ? [{_added(at, items)}] : "
+        f"{items}.map(x, {_added(at + ' + ' + literal('/-'), 'x')}))"
     )
 
 
-def _volumes(type_name: str) -> str:
-    """``variables.injectionVolumes`` as ApplyConfiguration literals of ``type_name``."""
+# The index of the env entry of ``env`` (whose names are ``ns``) named as the wanted ``w``
+# that the removals leave, or -1: the last of that name, when it takes no valueFrom
+# (_removed takes every other). lastIndexOf, not a scan per name: a container may hold
+# hundreds of entries, and the apiserver holds each mutation to a cost budget.
+_KEPT_ENTRY: Final = (
+    "cel.bind(j, ns.lastIndexOf(w['name']), j >= 0 && !has(env[j].valueFrom) ? j : -1)"
+)
+# A container's env and its names, as _KEPT_ENTRY reads them, around ``{body}``.
+_ENV_BOUND: Final = (
+    "cel.bind(env, has(c.env) ? c.env : [], cel.bind(ns, env.map(e, e.name), {body}))"
+)
+# The container ``c`` at index ``i`` of kind ``k``, as a JSON Pointer.
+_CONTAINER_AT: Final = "variables.pointer + '/' + k + '/' + string(i)"
+
+
+def _each_container(test: str, body: str) -> str:
+    """``body`` of each container ``c`` of the pod that passes ``test`` (on ``cs[i]``),
+    of kind ``k`` at index ``i``, in order, as one list (``body`` gives a list each)."""
     return (
-        f"variables.injectionVolumes.map(i, i.path == '' ? {type_name}{{name: i.name, "
-        f"emptyDir: {type_name}.emptyDir{{}}}} : {type_name}{{name: i.name, "
-        f"hostPath: {type_name}.hostPath{{path: i.path, type: i.type}}}})"
+        "['containers', 'initContainers'].map(k, cel.bind(cs, k == 'containers' ? "
+        "(has(variables.spec.containers) ? variables.spec.containers : []) : "
+        "(has(variables.spec.initContainers) ? variables.spec.initContainers : []), "
+        f"lists.range(size(cs)).filter(i, {test}).map(i, "
+        f"cel.bind(c, cs[i], {body})))).flatten().flatten()"
     )
 
 
-def _containers_apply(kind: str, shape: Shape, policy: Policy) -> str:
-    """The containers of ``kind``: the sharing ones with their env, mounts and implied
-    count resource, those that ask for no GPU with the void."""
-    container = f"{shape.type}.spec.{kind}"
-    listed = f"(has(variables.spec.{kind}) ? variables.spec.{kind} : [])"
-    mounts = _mounts(f"{container}.volumeMounts")
+def _each_sharing(body: str) -> str:
+    """``body`` of each sharing container (:func:`_each_container`)."""
+    return _each_container("cs[i].name in variables.wants", body)
+
+
+def _set_values() -> str:
+    """The adds that set the value of each env entry of a wanted name that the removals
+    leave and that holds another value. Read on the object as it came, before the
+    removals, so that each index is the one it was given."""
+    value = f"{_CONTAINER_AT} + {literal('/env/')} + string(j) + {literal('/value')}"
+    body = _ENV_BOUND.format(
+        body=f"variables.wants[c.name].map(w, cel.bind(j, {_KEPT_ENTRY}, j >= 0 && "
+        "(has(env[j].value) ? env[j].value : '') != w['value'] ? "
+        f"[{_added(value, 'w.value')}] : [])).flatten()"
+    )
+    return _each_sharing(body)
+
+
+def _injected_mount(item: str) -> str:
+    """The injected mount ``item`` of ``variables.injectionMounts`` as a volumeMount."""
+    base = f"'name': dyn({item}.name), 'mountPath': dyn({item}.mountPath)"
+    return f"({item}.readOnly == 'true' ? {{{base}, 'readOnly': dyn(true)}} : {{{base}}})"
+
+
+def _injected_volume(item: str) -> str:
+    """The injected volume ``item`` of ``variables.injectionVolumes`` as a volume."""
+    host = f"{{'path': {item}.path, 'type': {item}.type}}"
+    return (
+        f"({item}.path == '' ? {{'name': dyn({item}.name), 'emptyDir': dyn({{}})}} : "
+        f"{{'name': dyn({item}.name), 'hostPath': dyn({host})}})"
+    )
+
+
+def _container_adds() -> tuple[str, str, str]:
+    """The variables ``envAdds``, ``mountAdds`` and ``impliedAdds``: per sharing
+    container, appended after the removals, each wanted env entry the removals leave none
+    of, each injected mount not already there as injected, and the implied count resource
+    (in requests too where the container has requests)."""
+    at = _CONTAINER_AT
+    kept = mount_is("m", "i.name", "(i.readOnly == " + literal("true") + ")")
+    env = _appended(
+        f"{at} + '/env'",
+        "env",
+        f"variables.wants[c.name].filter(w, {_KEPT_ENTRY} < 0).map(w, dyn(w))",
+    )
+    mounts = _appended(
+        f"{at} + '/volumeMounts'",
+        "ms",
+        "variables.injectionMounts.filter(i, !ms.exists(m, m.mountPath == i.mountPath && "
+        f"{kept})).map(i, {_injected_mount('i')})",
+    )
+    one = literal("1")
+    limits, requests = (
+        f"{at} + {literal('/resources/' + part)}" for part in ("limits", "requests")
+    )
+    key = " + '/' + x"
     implied = (
-        f"?resources: variables.implied[c.name] == '' ? optional.none() : optional.of("
-        f"{container}.resources{{limits: {{variables.implied[c.name]: '1'}}, "
-        "?requests: has(c.resources.requests) ? "
-        "optional.of({variables.implied[c.name]: '1'}) : optional.none()})"
+        "cel.bind(r, variables.implied[c.name], r == '' ? [] : "
+        f"cel.bind(x, {_ESCAPED_KEY.replace('k.', 'r.')}, "
+        f"(has(c.resources.limits) ? [{_added(limits + key, one)}] : "
+        f"[{_added(limits, '{r: ' + one + '}')}]) + "
+        f"(has(c.resources.requests) ? [{_added(requests + key, one)}] : [])))"
     )
-    sharing = (
-        f"{listed}.filter(c, c.name in variables.wants).map(c, {container}{{name: c.name, "
-        f"env: variables.wants[c.name].map(w, {container}.env{{name: w['name'], value: w['value']}}), "
-        f"volumeMounts: {mounts}, {implied}}})"
+    bodies = (
+        _ENV_BOUND.format(body=env),
+        f"cel.bind(ms, has(c.volumeMounts) ? c.volumeMounts : [], {mounts})",
+        implied,
     )
-    return f"{kind}: {sharing} + {_voided(kind, shape)}"
+    env_adds, mount_adds, implied_adds = (_each_sharing(body) for body in bodies)
+    return env_adds, mount_adds, implied_adds
 
 
-def _voided(kind: str, shape: Shape) -> str:
-    """The containers of ``kind`` that ask for no GPU and set no NVIDIA_VISIBLE_DEVICES,
-    each with the void."""
-    container = f"{shape.type}.spec.{kind}"
-    listed = f"(has(variables.spec.{kind}) ? variables.spec.{kind} : [])"
-    return (
-        f"{listed}.filter(c, c.name in variables.voided).map(c, {container}{{name: c.name, "
-        f"env: [{container}.env{{name: {literal(VISIBLE_DEVICES)}, value: {literal(VOID)}}}]}})"
+def _void_adds() -> str:
+    """The void appended to the env of each container that asks for no GPU and sets no
+    NVIDIA_VISIBLE_DEVICES (``variables.voided``)."""
+    void = f"[{{'name': {literal(VISIBLE_DEVICES)}, 'value': {literal(VOID)}}}]"
+    body = (
+        "cel.bind(env, has(c.env) ? c.env : [], "
+        f"{_appended(_CONTAINER_AT + ' + ' + literal('/env'), 'env', void)})"
     )
+    return _each_container("cs[i].name in variables.voided", body)
 
 
-def _apply(shape: Shape, policy: Policy) -> str:
-    """The ApplyConfiguration of a GPU pod (or template) of ``shape``."""
+def _spec_adds(policy: Policy) -> str:
+    """The pod spec's adds: the scheduler where it has the default one, hostIPC in mode
+    mps, and each injected volume not already there as injected."""
     spec = "variables.spec"
-    sharing = "variables.mode in ['vgpu', 'mps']"
     scheduled = "(variables.mode in ['vgpu', 'mps'] || variables.dynamicMig)"
     scheduler = (
-        f"?schedulerName: {scheduled} && (!has({spec}.schedulerName) || "
+        f"({scheduled} && (!has({spec}.schedulerName) || "
         f"{spec}.schedulerName in ['', {literal(DEFAULT_SCHEDULER)}]) && "
-        f"cel.bind(s, {wanted_scheduler(policy)}, "
-        f"s != {literal(DEFAULT_SCHEDULER)}) ? optional.of("
-        f"{wanted_scheduler(policy)}) : optional.none()"
+        f"{wanted_scheduler(policy)} != {literal(DEFAULT_SCHEDULER)} ? "
+        f"[{_added('variables.pointer + ' + literal('/schedulerName'), wanted_scheduler(policy))}] : [])"
     )
-    fields = [scheduler, "?hostIPC: variables.mode == 'mps' ? optional.of(true) : optional.none()"]
+    ipc = (
+        f"(variables.mode == 'mps' && !(has({spec}.hostIPC) && {spec}.hostIPC) ? "
+        f"[{_added('variables.pointer + ' + literal('/hostIPC'), 'true')}] : [])"
+    )
+    kept = f"(i.path != '' ? {host_volume_is('v', 'i.path', 'i.type')} : {empty_dir_is('v')})"
+    volumes = _appended(
+        "variables.pointer + '/volumes'",
+        "vs",
+        f"variables.injectionVolumes.filter(i, !vs.exists(v, v.name == i.name && {kept}))"
+        f".map(i, {_injected_volume('i')})",
+    )
+    return (
+        f"{scheduler} + {ipc} + cel.bind(vs, has({spec}.volumes) ? {spec}.volumes : [], {volumes})"
+    )
 
-    volumes = _volumes(f"{shape.type}.spec.volumes")
-    fields.append(f"volumes: {volumes}")
-    fields.extend(_containers_apply(kind, shape, policy) for kind in MUTATED_KINDS)
-    meta = (
-        f"?metadata: {sharing} ? optional.of({shape.type}.metadata{{annotations: "
-        f"{{{literal(MODE_ANNOTATION)}: variables.mode}}}}) : optional.none()"
+
+_ANNOTATIONS: Final = "annotations"
+
+
+def _mode_annotation() -> str:
+    """The add of the mode annotation on the pod's (or template's) metadata, by kind,
+    unless it is there. The object's own annotations are read as they came: on a pod,
+    the record (:func:`_record`) adds to the map this may have made."""
+    key, value = literal(MODE_ANNOTATION), "variables.mode"
+
+    def one(shape: Shape) -> str:
+        meta = ".".join(("object", *shape.path, "metadata"))
+        at = "/" + "/".join((*shape.path, "metadata"))
+        annotations = f"{{{key}: {value}}}"
+        wrapped = f"{{{literal(_ANNOTATIONS)}: {annotations}}}"
+        pointer = literal(f"{at}/{_ANNOTATIONS}/{_escaped(MODE_ANNOTATION)}")
+        return (
+            f"!has({meta}) ? [{_added(literal(at), wrapped)}] : "
+            f"!has({meta}.annotations) ? [{_added(literal(at + '/' + _ANNOTATIONS), annotations)}] : "
+            f"{key} in {meta}.annotations && {meta}.annotations[{key}] == {value} ? [] : "
+            f"[{_added(pointer, value)}]"
+        )
+
+    return (
+        "variables.mode in ['vgpu', 'mps'] ? "
+        f"({_by_kind({shape: one(shape) for shape in pod_shapes()}, '[]')}) : []"
     )
-    return shape.wrap(f"{meta}, spec: {shape.type}.spec{{{', '.join(fields)}}}")
 
 
 _NODE_AFFINITY: Final = "nodeAffinity"
@@ -469,9 +593,8 @@ _NODE_AFFINITY: Final = "nodeAffinity"
 def _pool_ops(policy: Policy) -> str:
     """The adds (:func:`_added`) of ``mutation._pool_ops``: the required node affinity
     away from the sharing pool, added at the level that is missing, else each pool
-    requirement a nodeSelectorTerm lacks appended to it. The terms are atomic lists, which an
-    ApplyConfiguration may not touch once there; the values are plain maps and lists,
-    never Object{} initializers (kubernetes#142181)."""
+    requirement a nodeSelectorTerm lacks appended to it. The values are plain maps and
+    lists, never Object{} initializers (kubernetes#142181)."""
     if not policy.sharing_pool:
         return "[]"
     wanted = (
@@ -587,14 +710,6 @@ _STRAY: Final = (
     "variables.mode == 'vgpu' && (n.startsWith('CUDA_DEVICE_MEMORY_LIMIT') || "
     "n.startsWith('CUDA_DEVICE_SM_LIMIT_')) && !(n in w)"
 )
-# Each sharing container ``c`` of the pod, of kind ``k`` at index ``i``, in order.
-_SHARING_BY_KIND: Final = (
-    "['containers', 'initContainers'].map(k, cel.bind(cs, k == 'containers' ? "
-    "(has(variables.spec.containers) ? variables.spec.containers : []) : "
-    "(has(variables.spec.initContainers) ? variables.spec.initContainers : []), "
-    "lists.range(size(cs)).filter(i, cs[i].name in variables.wants).map(i, "
-    "cel.bind(c, cs[i], {body})))).flatten()"
-)
 
 
 def _suspect() -> str:
@@ -613,13 +728,13 @@ def _suspect() -> str:
 
 
 def _removed() -> str:
-    """The JSON pointers to remove, each list's from its last index, of what the apply
-    cannot fix (see the module's docstring): in each sharing container an env entry of
+    """The JSON pointers to remove, each list's from its last index, of what is not set
+    in place (see the module's docstring): in each sharing container an env entry of
     a wanted name that takes valueFrom or that a later entry repeats, a stray vGPU
     limit, a mount at an injected path that is not the injected one; a volume of an
     injected name that is not the injected one."""
     spec = "variables.spec"
-    at = "variables.pointer + '/' + k + '/' + string(i)"
+    at = _CONTAINER_AT
     env = (
         "cel.bind(env, has(c.env) ? c.env : [], lists.range(size(env)).filter(j, "
         "cel.bind(n, env[j].name, (n in w && (has(env[j].valueFrom) || "
@@ -632,15 +747,15 @@ def _removed() -> str:
         f"{_AT_INJECTED} && !{_KEPT_MOUNT}))"
         f"{_remove(at + ' + ' + literal('/volumeMounts/'))})"
     )
-    containers = _SHARING_BY_KIND.format(
-        body=f"cel.bind(w, variables.wants[c.name].map(e, e['name']), {env} + {mounts})"
+    containers = _each_sharing(
+        f"cel.bind(w, variables.wants[c.name].map(e, e['name']), {env} + {mounts})"
     )
     volumes = (
         f"cel.bind(vs, has({spec}.volumes) ? {spec}.volumes : [], "
         f"lists.range(size(vs)).filter(j, cel.bind(v, vs[j], {_OF_INJECTED} && !{_KEPT_VOLUME}))"
         f"{_remove('variables.pointer + ' + literal('/volumes/'))})"
     )
-    return f"variables.suspect ? {containers}.flatten() + {volumes} : []"
+    return f"variables.suspect ? {containers} + {volumes} : []"
 
 
 def _replaced(policy: Policy) -> tuple[str, str]:
@@ -680,23 +795,24 @@ def _replaced(policy: Policy) -> tuple[str, str]:
         + ", ".join(f"{literal(k)}: {literal(KIND_LABELS[k] + ' ')}" for k in MUTATED_KINDS)
         + "}"
     )
-    containers = _SHARING_BY_KIND.format(
-        body=f"cel.bind(label, {labels}[k] + '\"' + c.name + '\": ', "
+    containers = _each_sharing(
+        f"cel.bind(label, {labels}[k] + '\"' + c.name + '\": ', "
         f"cel.bind(env, has(c.env) ? c.env : [], {replaced} + {stray} + {mounts}))"
     )
     found = f"variables.suspect ? {volumes} + variables.replacedInContainers : []"
     # Once each, as the core reports a finding (a name repeated is removed twice).
     once = "lists.range(size(all)).filter(i, !lists.range(i).exists(j, all[j] == all[i]))"
-    return f"{containers}.flatten()", f"cel.bind(all, {found}, {once}.map(i, all[i]))"
+    return containers, f"cel.bind(all, {found}, {once}.map(i, all[i]))"
 
 
-def _set(field: str, key: str, value: str) -> str:
+def _set(field: str, key: str, value: str, *, made: str = "false") -> str:
     """A JSONPatch op that sets ``key`` of the object's ``metadata.<field>`` to ``value``
-    (a map of strings where it has none: no Object{} initializer, kubernetes#142181)."""
+    (a map of strings where it has none and ``made``, a CEL bool, says no earlier op of
+    the patch made one: no Object{} initializer, kubernetes#142181)."""
     return (
-        f"has(object.metadata.{field}) ? JSONPatch{{op: 'add', path: '/metadata/{field}/' + "
-        f"jsonpatch.escapeKey({key}), value: {value}}} : JSONPatch{{op: 'add', "
-        f"path: '/metadata/{field}', value: {{{key}: {value}}}}}"
+        f"has(object.metadata.{field}) || {made} ? JSONPatch{{op: 'add', "
+        f"path: '/metadata/{field}/' + jsonpatch.escapeKey({key}), value: {value}}} : "
+        f"JSONPatch{{op: 'add', path: '/metadata/{field}', value: {{{key}: {value}}}}}"
     )
 
 
@@ -708,7 +824,9 @@ def _record() -> str:
     of its own, and a validation sees only the mutated object. Nothing replaced,
     nothing written: what a first pass wrote stays on a reinvocation."""
     key = literal(OVERRIDES_ANNOTATION)
-    annotation = _set("annotations", key, "variables.overridden.join('\\n')")
+    # A pod's annotations may be new: the mode annotation's add comes first.
+    made = "request.kind.kind == 'Pod' && variables.mode in ['vgpu', 'mps']"
+    annotation = _set("annotations", key, "variables.overridden.join('\\n')", made=made)
     label = _set("labels", key, literal(OVERRIDES_LABEL_VALUE))
     return f"size(variables.overridden) == 0 ? [] : [{annotation}, {label}]"
 
@@ -723,9 +841,8 @@ def _added(path: str, value: str) -> str:
 
 
 def _node_selector(policy: Policy) -> str:
-    """The adds (:func:`_added`) of the MPS node selector's missing keys (``mutation._mps_ops``): a
-    pod's nodeSelector is an atomic map, which an ApplyConfiguration may not touch. Each
-    adds what is absent, so a rerun finds nothing to add."""
+    """The adds (:func:`_added`) of the MPS node selector's missing keys
+    (``mutation._mps_ops``). Each adds what is absent, so a rerun finds nothing to add."""
     if not policy.mps_node_selector:
         return "[]"
     spec = "variables.spec"
@@ -753,14 +870,12 @@ def _by_kind(expressions: Mapping[Shape, str], otherwise: str) -> str:
     return expression
 
 
-def _void_apply(shape: Shape) -> str:
-    fields = [f"{kind}: {_voided(kind, shape)}" for kind in MUTATED_KINDS]
-    return shape.wrap(f"spec: {shape.type}.spec{{{', '.join(fields)}}}")
+# The adds of a list of them (:func:`_added`) as JSONPatch ops.
+_ADD: Final = "{adds}.map(a, JSONPatch{{op: 'add', path: a.path, value: a.value}})"
 
 
 def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> list[Obj]:
     """The MutatingAdmissionPolicies and their bindings that apply ``policy``'s mutation."""
-    shapes = pod_shapes()
     constraints = match_constraints(namespace)
     # The core mutates pods when they are created, workloads also when updated.
     for rule in constraints["resourceRules"]:
@@ -788,10 +903,18 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         nvidia = f"({runtime}) || {nvidia}"
     nvidia = f"[{spec_of}].exists(s, ({nvidia}) && !({gpu}))"
     gpu = f"[{spec_of}].exists(s, {gpu})"
+    # Read on the object as it came, applied in this order: the adds that make the mode
+    # annotation and the record, the values set in place (by their indices as given), the
+    # removals (each list's from its last index), then what is appended or added.
+    appended = (
+        "variables.envAdds + variables.mountAdds + variables.impliedAdds + variables.voidAdds + variables.specAdds + "
+        "variables.mpsNodeSelector + variables.poolAffinity"
+    )
     patch = (
-        f"({_record()}) + variables.removed.map(p, JSONPatch{{op: 'remove', path: p}}) + "
-        "(variables.mpsNodeSelector + variables.poolAffinity).map(a, "
-        "JSONPatch{op: 'add', path: a.path, value: a.value})"
+        f"{_ADD.format(adds='variables.modeAnnotation')} + ({_record()}) + "
+        f"{_ADD.format(adds='variables.setValues')} + "
+        "variables.removed.map(p, JSONPatch{op: 'remove', path: p}) + "
+        f"{_ADD.format(adds=f'({appended})')}"
     )
     mutate: Obj = {
         "failurePolicy": "Fail",
@@ -800,20 +923,11 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         "reinvocationPolicy": "IfNeeded",
         "variables": shared,
         "mutations": [
-            # The record of what the apply replaces, then the removals, both read on the
-            # object as it came: one JSONPatch, as the apiserver encodes, patches and
-            # decodes the whole object for each JSONPatch mutation, empty or not.
+            # One mutation: the apiserver converts the object, and encodes, patches and
+            # decodes it (or merges into it), for each mutation, with ops to make or not.
             {
                 "patchType": "JSONPatch",
                 "jsonPatch": {"expression": unbind(patch)},
-            },
-            {
-                "patchType": "ApplyConfiguration",
-                "applyConfiguration": {
-                    "expression": unbind(
-                        _by_kind({s: _apply(s, policy) for s in shapes}, "Object{}")
-                    )
-                },
             },
         ],
     }
@@ -826,14 +940,15 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         ],
         "reinvocationPolicy": "IfNeeded",
         "variables": [
-            v for v in shared if v["name"] in ("spec", "containers", "vacant", "asking", "voided")
+            v
+            for v in shared
+            if v["name"]
+            in ("spec", "containers", "vacant", "asking", "voided", "pointer", "voidAdds")
         ],
         "mutations": [
             {
-                "patchType": "ApplyConfiguration",
-                "applyConfiguration": {
-                    "expression": _by_kind({s: _void_apply(s) for s in shapes}, "Object{}")
-                },
+                "patchType": "JSONPatch",
+                "jsonPatch": {"expression": _ADD.format(adds="variables.voidAdds")},
             }
         ],
     }

@@ -319,23 +319,12 @@ def mount_is(mount: str, name: str, read_only: str) -> str:
 
 
 class Shape:
-    """Where objects of some kinds keep a pod spec and metadata: the CEL path to read
-    them and the ApplyConfiguration type names to write them."""
+    """Where objects of some kinds keep a pod spec and metadata: the path from the object
+    (for CEL to read, and for a JSON Pointer to write)."""
 
     def __init__(self, kinds: Sequence[str], path: Sequence[str]) -> None:
         self.kinds = tuple(kinds)
         self.path = tuple(path)
-        self.read = ".".join(("object", *path))
-        self.type = ".".join(("Object", *path))
-
-    def wrap(self, fields: str) -> str:
-        """``Object{...}`` holding ``fields`` (metadata and spec) at this shape's path."""
-        body = fields
-        for depth in range(len(self.path), 0, -1):
-            parent = ".".join(("Object", *self.path[: depth - 1]))
-            step = self.path[depth - 1]
-            body = f"{step}: {parent}.{step}{{{body}}}"
-        return f"Object{{{body}}}"
 
 
 def pod_shapes() -> list[Shape]:
