@@ -41,6 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import jsonpatch
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_strings
 
@@ -133,11 +134,54 @@ def _overload(
     return cel.Overload(name, result, list(parameters), is_member=member, impl=impl)
 
 
+def _range(n: int) -> list[int]:
+    return list(range(n))
+
+
+def _flatten(items: list[Any]) -> list[Any]:
+    """cel-go's ``flatten()`` (ext/lists.go): one level, other elements kept."""
+    return [x for item in items for x in (item if isinstance(item, list) else [item])]
+
+
+def _reverse(items: list[Any]) -> list[Any]:
+    return list(reversed(items))
+
+
+def _escape_key(key: str) -> str:
+    """``jsonpatch.escapeKey`` (library/jsonpatch.go): RFC 6901's escapes."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def _entries(items: list[Any]) -> dict[Any, Any]:
+    """The map that ``transformMapEntry`` builds from one-entry maps (see
+    :func:`mutation_text`): a key made twice is an error, as in cel-go."""
+    merged: dict[Any, Any] = {}
+    for item in items:
+        for key, value in item.items():
+            if key in merged:
+                raise ValueError(f"insert failed: key {key!r} already exists")
+            merged[key] = value
+    return merged
+
+
 def _kubernetes_library() -> Any:
-    """The Kubernetes CEL functions the renderer uses, as one extension."""
+    """The Kubernetes CEL functions the renderer uses, as one extension; and cel-go's
+    lists functions (``lists.range``, ``flatten``, ``reverse``), which the apiserver
+    declares (environment/base.go) and cel-cpp's binding does not have."""
     string, integer, boolean = _T.STRING, _T.INT, _T.BOOL
     dyn_list = _T.List(_T.DYN)
     declarations = {
+        "lists.range": [
+            _overload("lists_range", _T.List(integer), [integer], _range, member=False)
+        ],
+        "flatten": [_overload("list_flatten", dyn_list, [dyn_list], _flatten, member=True)],
+        "reverse": [_overload("list_reverse", dyn_list, [dyn_list], _reverse, member=True)],
+        "jsonpatch.escapeKey": [
+            _overload("jsonpatch_escape_key", string, [string], _escape_key, member=False)
+        ],
+        _ENTRIES: [
+            _overload("list_entries", _T.Map(_T.DYN, _T.DYN), [dyn_list], _entries, member=True)
+        ],
         "quantity": [_overload("string_to_quantity", string, [string], _to_quantity, member=False)],
         "isQuantity": [
             _overload("is_quantity_string", boolean, [string], _is_quantity, member=False)
@@ -257,6 +301,120 @@ class Policy:
             elif value.plain_value() is not True:
                 failed.add(validation.name)
         return Outcome(matched=True, failed=frozenset(failed), errors=errors)
+
+
+class MutatingPolicy:
+    """One rendered MutatingAdmissionPolicy of JSONPatch mutations, compiled, run as the
+    apiserver runs it: its matchConditions (all true, or nothing happens; an error is
+    raised, which failurePolicy Fail makes a refusal), then each mutation in order on the
+    object the previous one left, its variables bound afresh
+    (admission/plugin/policy/mutating/dispatcher.go:140-205, patch/json_patch.go:72-116:
+    the ops applied by RFC 6902, as the ``jsonpatch`` package applies them)."""
+
+    def __init__(self, obj: Mapping[str, Any], env: Any | None = None) -> None:
+        self.name: str = obj["metadata"]["name"]
+        spec = obj["spec"]
+        env = env if env is not None else environment()
+
+        def compiled(name: str, expression: str) -> _Compiled:
+            return Policy._compile(env, name, mutation_text(expression))
+
+        self.conditions = [
+            compiled(c["name"], c["expression"]) for c in _items(spec, "matchConditions")
+        ]
+        self.variables = [compiled(v["name"], v["expression"]) for v in _items(spec, "variables")]
+        self.mutations = []
+        for number, mutation in enumerate(_items(spec, "mutations")):
+            if mutation["patchType"] != "JSONPatch":
+                raise CelError(f"mutation {number}: not a JSONPatch: {mutation['patchType']}")
+            self.mutations.append(
+                compiled(f"mutation {number}", mutation["jsonPatch"]["expression"])
+            )
+
+    def matches(self, obj: Any, request: Mapping[str, Any]) -> bool:
+        data: Obj = {"object": obj, "oldObject": None, "request": dict(request), "variables": {}}
+        for condition in self.conditions:
+            value = condition.program.eval(data=data)
+            if _is_error(value):
+                raise CelError(f"{self.name}: {condition.name}: {value.plain_value()}")
+            if value.plain_value() is not True:
+                return False
+        return True
+
+    def mutate(self, obj: Obj, request: Mapping[str, Any]) -> tuple[Obj, list[Obj]]:
+        """``obj`` as the policy leaves it, and the ops its mutations made (none where its
+        matchConditions do not hold)."""
+        if not self.matches(obj, request):
+            return obj, []
+        made: list[Obj] = []
+        for mutation in self.mutations:
+            data: Obj = {"object": obj, "oldObject": None, "request": dict(request)}
+            bound: Obj = {}
+            for variable in self.variables:
+                value = variable.program.eval(data={**data, "variables": bound})
+                if not _is_error(value):
+                    bound[variable.name] = value.plain_value()
+            value = mutation.program.eval(data={**data, "variables": bound})
+            if _is_error(value):
+                raise CelError(f"{self.name}: {mutation.name}: {value.plain_value()}")
+            ops = value.plain_value()
+            if not isinstance(ops, list):
+                raise CelError(f"{self.name}: {mutation.name}: not a list of ops: {ops!r}")
+            obj = jsonpatch.apply_patch(obj, ops)
+            made += ops
+        return obj, made
+
+
+# Read for what cel-cpp's binding parses (see mutation_text): ``transformMapEntry`` is a
+# two-variable comprehension (cel-go's ext/comprehensions.go), which it does not have;
+# ``JSONPatch{...}`` is a type only the apiserver declares (library/jsonpatch.go).
+_ENTRIES: Final = "entriesMap"
+_TRANSFORM: Final = re.compile(r"\.transformMapEntry\(\s*i\s*,\s*(\w+)\s*,")
+_PATCH_FIELDS: Final = (
+    (re.compile(r"JSONPatch\{\s*op:"), "{'op':"),
+    (re.compile(r",\s*path:"), ", 'path':"),
+    (re.compile(r",\s*value:"), ", 'value':"),
+)
+
+
+def _closing(text: str, start: int) -> int:
+    """The index of the bracket that closes the one just before ``start``, past string
+    literals."""
+    depth, i, quote = 1, start, ""
+    while i < len(text):
+        char = text[i]
+        if quote:
+            if char == "\\":
+                i += 1
+            elif char == quote:
+                quote = ""
+        elif char in "'\"":
+            quote = char
+        elif char in "([{":
+            depth += 1
+        elif char in ")]}":
+            depth -= 1
+            if depth == 0:
+                return i
+        i += 1
+    raise CelError(f"unbalanced at {start}: {text[start - 20 : start + 20]!r}")
+
+
+def mutation_text(expression: str) -> str:
+    """``expression`` as cel-cpp's binding reads it, meaning the same:
+    ``L.transformMapEntry(i, c, {k: v})`` as ``L.map(c, {k: v}).entriesMap()`` (the
+    renderer never reads the index ``i``; :func:`_entries` errs on a key made twice, as
+    the comprehension does), and ``JSONPatch{op: o, path: p, value: v}`` as the map
+    ``{'op': o, 'path': p, 'value': v}`` that the apiserver turns it into."""
+    while match := _TRANSFORM.search(expression):
+        end = _closing(expression, match.end())
+        expression = (
+            f"{expression[: match.start()]}.map({match.group(1)},"
+            f"{expression[match.end() : end + 1]}.{_ENTRIES}(){expression[end + 1 :]}"
+        )
+    for pattern, replacement in _PATCH_FIELDS:
+        expression = pattern.sub(replacement, expression)
+    return expression
 
 
 def _items(spec: Mapping[str, Any], key: str) -> list[Obj]:

@@ -1,11 +1,12 @@
-"""The MutatingAdmissionPolicies' matchConditions against their core twins, without Go.
+"""The MutatingAdmissionPolicies against their core twins, without Go.
 
 Which pod or template each policy is sent is decided by its matchConditions alone: the
 GPU test of ``gpushare-mutate`` is the core's ``PodRequests.gpu``, and the condition of
-``gpushare-void`` is ``mutation.needs_void`` of a pod that asks for no GPU. Both are
-evaluated here by tests/render/celeval.py on objects as kube-apiserver hands them to
-admission; tests/e2e/test_mutatingpolicy.py holds what the mutations then write equal
-to the core's through a real kube-apiserver.
+``gpushare-void`` is ``mutation.needs_void`` of a pod that asks for no GPU. What the
+policies then write is their JSONPatch ops, applied as the apiserver applies them, held
+equal to the core's mutation on every field it touches. Both are evaluated here by
+tests/render/celeval.py on objects as kube-apiserver hands them to admission;
+tests/e2e/test_mutatingpolicy.py holds the same through a real kube-apiserver.
 """
 
 from __future__ import annotations
@@ -13,22 +14,41 @@ from __future__ import annotations
 from collections import Counter
 from typing import Any, Final
 
+import pytest
 from hypothesis import strategies as st
 
 from tests.core.strategies import attacked_objects, objects
 from tests.e2e.rest import sendable
 from tests.e2e.test_celpolicy import POLICY
+from tests.e2e.test_mutatingpolicy import (
+    MUTATED,
+    POLICY_FILES,
+    attacked_sharing_objects,
+    chained,
+    core_mutated,
+    difference,
+    exempting_untouched,
+    recorded,
+    sharing_objects,
+    touched,
+)
+from tests.paths import ROOT
 from tests.render import celeval
 from tests.render.admitted import Refused, admitted
 from tests.render.test_cel_equality import _draw_all, _runtime_classes
 from webhook.core.mutation import needs_void
+from webhook.core.policy import Policy
 from webhook.core.resources import read_pod
 from webhook.core.workload import find_pod
+from webhook.policies import parse_policy
+from webhook.render.admission import OVERRIDES_ANNOTATION
 from webhook.render.mutating import MUTATE, VOID_POLICY, mutating_policies
 
 Obj = dict[str, Any]
 
 EXAMPLES: Final = 600
+# Each is up to three passes of the policies and two of the core.
+MUTATION_EXAMPLES: Final = 600
 NAMESPACE: Final = "ml"
 
 
@@ -120,3 +140,87 @@ def test_the_policies_are_sent_what_the_core_mutates() -> None:
     assert not mismatches, (len(mismatches), mismatches[0])
     # Each side of each condition was reached.
     assert all(seen[f"{n}={w}"] >= 5 for n in ("gpu", "needs-void") for w in (True, False)), seen
+
+
+def _policies(policy: Policy) -> list[celeval.MutatingPolicy]:
+    """The rendered MutatingAdmissionPolicies of ``policy``, compiled."""
+    return [
+        celeval.MutatingPolicy(o)
+        for o in mutating_policies(policy)
+        if o["kind"] == "MutatingAdmissionPolicy"
+    ]
+
+
+def _run(policies: list[celeval.MutatingPolicy], obj: Obj, request: Obj) -> tuple[Obj, list[Obj]]:
+    """``obj`` after one pass of ``policies``, and the ops they made."""
+    made: list[Obj] = []
+    for each in policies:
+        obj, ops = each.mutate(obj, request)
+        made += ops
+    return obj, made
+
+
+@pytest.mark.parametrize("policy_file", POLICY_FILES)
+def test_the_mutations_write_what_the_core_does(policy_file: str) -> None:
+    """The MutatingAdmissionPolicies' JSONPatch ops, evaluated here on generated objects
+    as admission sees them (careful users' sharing objects mostly, attacks too): where
+    the core admits, the object they leave equals the core's mutation on every field it
+    touches, with the same record of what was replaced; a second pass on their own
+    output (the apiserver reinvokes gpushare-mutate) makes no op; and a pod that another
+    mutating webhook gave a sidecar after the first pass ends as the core mutates the
+    pod with the sidecar. Every mode and kind is reached."""
+    policy = parse_policy(exempting_untouched(ROOT / "policies" / policy_file))
+    policies = _policies(policy)
+    drawn = _draw_all(
+        st.one_of(
+            *[sharing_objects()] * 3,
+            *[attacked_sharing_objects()] * 2,
+            objects(),
+            attacked_objects(),
+        ),
+        MUTATION_EXAMPLES,
+    )
+    compared: Counter[str] = Counter()
+    mismatches: list[tuple[str, Obj]] = []
+    for number, (kind, obj) in enumerate(drawn):
+        try:
+            stored = admitted(
+                kind,
+                sendable(kind, obj, f"m{number}"),
+                namespace=MUTATED,
+                runtime_classes=_runtime_classes(policy),
+            )
+        except Refused:
+            continue
+        request = celeval.admission_request(
+            kind, namespace=MUTATED, name=stored["metadata"].get("name", "")
+        )
+        mutated, made = _run(policies, stored, request)
+        _, again = _run(policies, mutated, request)
+        if again:
+            mismatches.append((f"a second pass made {again}", stored))
+        compared["mutated" if made else "untouched"] += 1
+        core = core_mutated(kind, stored, policy)
+        if core.denied:
+            continue  # refused after the mutation, by the validating policies
+        starts = [(stored, mutated)]
+        if kind == "Pod":
+            sidecar = chained(mutated)
+            starts.append((chained(stored), _run(policies, sidecar, request)[0]))
+        for start, got in starts:
+            want = core_mutated(kind, start, policy)
+            compared[want.mode] += 1
+            compared[kind] += 1
+            stored_fields = touched(kind, got)
+            stored_fields["annotations"].pop(OVERRIDES_ANNOTATION, None)
+            if stored_fields != touched(kind, want.mutated):
+                mismatches.append((difference(stored_fields, touched(kind, want.mutated)), start))
+            if recorded(got) != want.overrides:
+                mismatches.append((f"recorded {recorded(got)} not {want.overrides}", start))
+            if want.overrides:
+                compared["overrides recorded"] += 1
+    assert not mismatches, f"{len(mismatches)} differ; first: {mismatches[0]}"
+    for mode in ("vgpu", "mps", "mig", "none"):
+        assert compared[mode] >= 10, compared
+    assert compared["overrides recorded"] >= 5 and compared["mutated"] >= 100, compared
+    assert sum(compared[k] for k in celeval.RESOURCES if k != "Pod") >= 20, compared

@@ -195,8 +195,8 @@ def _priority(policy: Policy) -> str:
 
 
 def _vgpu_wants(policy: Policy) -> str:
-    """``mutation.wanted_env`` of a vGPU container; ``g``, ``m``, ``k`` bound to its GPU
-    count, MiB and cores."""
+    """``mutation.wanted_env`` of a vGPU container; ``a`` bound to its GPU count, MiB and
+    cores (``sliceAmounts``)."""
     parts = []
     lib = literal(LIBRARY_PATH)
     merged = (
@@ -211,13 +211,13 @@ def _vgpu_wants(policy: Policy) -> str:
         sets = "has(c.env) && c.env.exists(e, e.name == 'LD_PRELOAD')"
         parts.append(f"({sets} ? [{_entry('LD_PRELOAD', merged)}] : [])")
     parts.append(
-        "(m > 0 ? lists.range(g).map(i, {'name': 'CUDA_DEVICE_MEMORY_LIMIT_' + string(i), "
-        "'value': string(m) + 'm'}) : [])"
+        "(a[1] > 0 ? lists.range(a[0]).map(i, {'name': 'CUDA_DEVICE_MEMORY_LIMIT_' + "
+        "string(i), 'value': string(a[1]) + 'm'}) : [])"
     )
     parts.append(
-        "(k > 0 ? [{'name': 'CUDA_DEVICE_SM_LIMIT', 'value': string(k)}] + "
-        "lists.range(g).map(i, {'name': 'CUDA_DEVICE_SM_LIMIT_' + string(i), "
-        "'value': string(k)}) : [])"
+        "(a[2] > 0 ? [{'name': 'CUDA_DEVICE_SM_LIMIT', 'value': string(a[2])}] + "
+        "lists.range(a[0]).map(i, {'name': 'CUDA_DEVICE_SM_LIMIT_' + string(i), "
+        "'value': string(a[2])}) : [])"
     )
     parts.append("variables.vgpuSwitches[c.name]")
     return " + ".join(parts)
@@ -249,9 +249,10 @@ def _vgpu_switches(policy: Policy) -> str:
 
 def _mps_wants(policy: Policy) -> str:
     return (
-        "(m > 0 ? [{'name': 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', 'value': "
-        "lists.range(g).map(i, string(i) + '=' + string(m) + 'M').join(',')}] : []) + "
-        "(k > 0 ? [{'name': 'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', 'value': string(k)}] : []) + "
+        "(a[1] > 0 ? [{'name': 'CUDA_MPS_PINNED_DEVICE_MEM_LIMIT', 'value': "
+        "lists.range(a[0]).map(i, string(i) + '=' + string(a[1]) + 'M').join(',')}] : []) + "
+        "(a[2] > 0 ? [{'name': 'CUDA_MPS_ACTIVE_THREAD_PERCENTAGE', 'value': "
+        "string(a[2])}] : []) + "
         f"[{_entry('CUDA_MPS_PIPE_DIRECTORY', literal(policy.mps_pipe_directory))}]"
     )
 
@@ -286,8 +287,8 @@ def container_wants(policy: Policy, mode: Mode) -> str:
     ``mutation.wanted_env``), as a CEL list of ``{'name', 'value'}`` maps."""
     wants = _vgpu_wants(policy) if mode == "vgpu" else _mps_wants(policy)
     return (
-        "cel.bind(a, variables.sliceAmounts[c.name], cel.bind(g, a[0], cel.bind(m, a[1], "
-        f"cel.bind(k, a[2], {_pin_wants(policy)} + {wants}))))"
+        # a[0], a[1], a[2] read in place: each binding is a list and a comprehension more.
+        f"cel.bind(a, variables.sliceAmounts[c.name], {_pin_wants(policy)} + {wants})"
     )
 
 
