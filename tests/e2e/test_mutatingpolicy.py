@@ -33,6 +33,7 @@ from tests.paths import ROOT
 from webhook.core.decision import Request, decide
 from webhook.core.injection import MODE_ANNOTATION
 from webhook.core.policy import Policy
+from webhook.core.workload import find_pod
 from webhook.dev.cluster import DevCluster, running
 from webhook.policies import parse_policy
 from webhook.render.admission import OVERRIDES_ANNOTATION
@@ -140,6 +141,30 @@ def touched(kind: str, obj: Mapping[str, Any]) -> Obj:
     return {"annotations": dict((pod.get("metadata") or {}).get("annotations") or {}), "spec": spec}
 
 
+def entries(kind: str, obj: Obj) -> Counter[str]:
+    """How many env entries of each name, mounts at each path and volumes of each name
+    the pod (or template) holds: what :func:`touched` keys by name, so that a repeat one
+    side removes and the other keeps is told. The service-account token's volume and
+    mounts left out, as there."""
+    view = find_pod(obj, kind)
+    assert view is not None
+    counted: Counter[str] = Counter()
+
+    def kept(item: Obj) -> bool:
+        return not str(item.get("name", "")).startswith("kube-api-access-")
+
+    for part in ("containers", "initContainers"):
+        for c in view.spec.get(part) or []:
+            counted.update(f"{c['name']} env {e['name']}" for e in c.get("env") or [])
+            counted.update(
+                f"{c['name']} mount {m['mountPath']}"
+                for m in c.get("volumeMounts") or []
+                if kept(m)
+            )
+    counted.update(f"volume {v['name']}" for v in view.spec.get("volumes") or [] if kept(v))
+    return counted
+
+
 # One bypass each, as a tenant would add it to a sharing pod: (where, what).
 _ATTACKS: Final[tuple[tuple[str, Obj], ...]] = (
     ("container", {"securityContext": {"privileged": True}}),
@@ -230,6 +255,9 @@ _PRESET_ENV: Final[tuple[Obj, ...]] = (
     {"name": "CUDA_DEVICE_MEMORY_SHARED_CACHE", "value": "/usr/local/vgpu/own.cache"},
     {"name": "MODEL", "value": "llama"},
     {"name": "MODEL", "value": "mistral"},
+    # Names it sets taken from elsewhere, one of them set to what it sets ('').
+    {"name": "CUDA_REDIRECT", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+    {"name": "LD_PRELOAD", "valueFrom": {"configMapKeyRef": {"name": "libs", "key": "preload"}}},
 )
 _STACKS: Final[Mapping[str, Mapping[str, tuple[int, ...]]]] = {
     "hami": {
@@ -481,6 +509,9 @@ def test_the_policies_mutate_as_the_core_does(map_cluster: MapCluster) -> None:
         if stored != touched(kind, core.mutated):
             diff = difference(stored, touched(kind, core.mutated))
             mismatches.append((namespace, diff, sent))
+        have, want = entries(kind, got.body), entries(kind, core.mutated)
+        if have != want:
+            mismatches.append((namespace, f"entries +{have - want} -{want - have}", sent))
         # Reinvoked after the sidecar, the policy records nothing new: what it wrote
         # first, on the object as it came, stays.
         if recorded(got.body) != core.overrides:

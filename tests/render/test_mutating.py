@@ -27,6 +27,7 @@ from tests.e2e.test_mutatingpolicy import (
     chained,
     core_mutated,
     difference,
+    entries,
     exempting_untouched,
     recorded,
     sharing_objects,
@@ -142,6 +143,32 @@ def test_the_policies_are_sent_what_the_core_mutates() -> None:
     assert all(seen[f"{n}={w}"] >= 5 for n in ("gpu", "needs-void") for w in (True, False)), seen
 
 
+def _sharing(*env: Obj) -> tuple[str, Obj]:
+    limits = {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000", "nvidia.com/gpucores": "30"}
+    return _pod({"name": "c0", "image": "cuda", "env": list(env), "resources": {"limits": limits}})
+
+
+# What each part of the mutation's guard (``suspect``) and in-place set must see alone:
+# a stray limit, an entry taken from elsewhere (twice), a name repeated with the value
+# the mutation sets, an earlier entry of a name the mutation sets.
+MUTATION_CASES: Final = (
+    _sharing({"name": "CUDA_DEVICE_MEMORY_LIMIT_7", "value": "1m"}),
+    _sharing(
+        {"name": "LD_PRELOAD", "valueFrom": {"configMapKeyRef": {"name": "l", "key": "p"}}},
+        {"name": "MODEL", "value": "m"},
+        {"name": "LD_PRELOAD", "valueFrom": {"configMapKeyRef": {"name": "l", "key": "p"}}},
+    ),
+    _sharing(
+        {"name": "CUDA_DEVICE_SM_LIMIT", "value": "30"},
+        {"name": "CUDA_DEVICE_SM_LIMIT", "value": "30"},
+    ),
+    _sharing(
+        {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "9m"},
+        {"name": "CUDA_DEVICE_MEMORY_LIMIT_0", "value": "3000m"},
+    ),
+)
+
+
 def _policies(policy: Policy) -> list[celeval.MutatingPolicy]:
     """The rendered MutatingAdmissionPolicies of ``policy``, compiled."""
     return [
@@ -171,15 +198,10 @@ def test_the_mutations_write_what_the_core_does(policy_file: str) -> None:
     pod with the sidecar. Every mode and kind is reached."""
     policy = parse_policy(exempting_untouched(ROOT / "policies" / policy_file))
     policies = _policies(policy)
-    drawn = _draw_all(
-        st.one_of(
-            *[sharing_objects()] * 3,
-            *[attacked_sharing_objects()] * 2,
-            objects(),
-            attacked_objects(),
-        ),
-        MUTATION_EXAMPLES,
+    generated = st.one_of(
+        *[sharing_objects()] * 3, *[attacked_sharing_objects()] * 2, objects(), attacked_objects()
     )
+    drawn = [*MUTATION_CASES, *_draw_all(generated, MUTATION_EXAMPLES)]
     compared: Counter[str] = Counter()
     mismatches: list[tuple[str, Obj]] = []
     for number, (kind, obj) in enumerate(drawn):
@@ -215,6 +237,9 @@ def test_the_mutations_write_what_the_core_does(policy_file: str) -> None:
             stored_fields["annotations"].pop(OVERRIDES_ANNOTATION, None)
             if stored_fields != touched(kind, want.mutated):
                 mismatches.append((difference(stored_fields, touched(kind, want.mutated)), start))
+            have, wanted = entries(kind, got), entries(kind, want.mutated)
+            if have != wanted:
+                mismatches.append((f"entries +{have - wanted} -{wanted - have}", start))
             if recorded(got) != want.overrides:
                 mismatches.append((f"recorded {recorded(got)} not {want.overrides}", start))
             if want.overrides:

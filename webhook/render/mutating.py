@@ -30,12 +30,13 @@ it came, and applied in this order:
   switch, MPS value, mount or volume) in the annotation and label
   ``gpushare.io/overridden``, for the ``gpushare-overrides`` ValidatingAdmissionPolicy
   to warn (:func:`_record`; a MutatingAdmissionPolicy has no warnings of its own);
-- in each sharing container, the value of an env entry of a wanted name that stays
-  (the last of that name, without ``valueFrom``), set in place by its index as given;
-- the removals, each list's by index from the last: an env entry of a wanted name that
-  takes ``valueFrom`` or that a later entry of the same name repeats, a stray vGPU
-  limit variable, a mount at one of the injected mountPaths that differs from the
-  injected one, a volume of an injected name that differs;
+- in each sharing container, the env entry of a wanted name that the kubelet reads (the
+  last of that name) made the wanted one in place, by its index as given, where it
+  takes ``valueFrom`` or holds another value (an earlier entry of the name stays, as in
+  the core);
+- the removals, each list's by index from the last: a stray vGPU limit variable, a
+  mount at one of the injected mountPaths that differs from the injected one, a volume
+  of an injected name that differs;
 - what is then missing, appended (a list the object lacks is added whole): the wanted
   env entries, the injected mounts and volumes, the implied count resource, the void
   in each container that asks for no GPU, the scheduler, ``hostIPC``, the MPS node
@@ -372,7 +373,7 @@ def mutation_variables(policy: Policy) -> list[Obj]:
         },
         {"name": "voided", "expression": void},
         *_injection_data(policy),
-        {"name": "suspect", "expression": _suspect()},
+        {"name": "suspect", "expression": unbind(_suspect())},
         {
             "name": "mpsNodeSelector",
             "expression": unbind(f"variables.mode == 'mps' ? {_node_selector(policy)} : []"),
@@ -424,13 +425,11 @@ def _appended(at: str, present: str, items: str) -> str:
 
 
 # The index of the env entry of ``env`` (whose names are ``ns``) named as the wanted ``w``
-# that the removals leave, or -1: the last of that name, when it takes no valueFrom
-# (_removed takes every other). lastIndexOf, not a scan per name: a container may hold
-# hundreds of entries, and the apiserver holds each mutation to a cost budget.
-_KEPT_ENTRY: Final = (
-    "cel.bind(j, ns.lastIndexOf(w['name']), j >= 0 && !has(env[j].valueFrom) ? j : -1)"
-)
-# A container's env and its names, as _KEPT_ENTRY reads them, around ``{body}``.
+# that the kubelet reads, the last of that name, or -1. lastIndexOf, not a scan per name:
+# a container may hold hundreds of entries, and the apiserver holds each mutation to a
+# cost budget.
+_LAST_ENTRY: Final = "ns.lastIndexOf(w['name'])"
+# A container's env and its names, as _LAST_ENTRY reads them, around ``{body}``.
 _ENV_BOUND: Final = (
     "cel.bind(env, has(c.env) ? c.env : [], cel.bind(ns, env.map(e, e.name), {body}))"
 )
@@ -456,14 +455,16 @@ def _each_sharing(body: str) -> str:
 
 
 def _set_values() -> str:
-    """The adds that set the value of each env entry of a wanted name that the removals
-    leave and that holds another value. Read on the object as it came, before the
-    removals, so that each index is the one it was given."""
-    value = f"{_CONTAINER_AT} + {literal('/env/')} + string(j) + {literal('/value')}"
+    """The replaces (:func:`_added`'s data, made ``replace`` ops) of each env entry that
+    the kubelet reads of a wanted name, the last of that name, that takes valueFrom or
+    holds another value: the entry made the wanted one in place, by its index as given
+    (read before the removals), as ``mutation._env_ops`` does; an earlier entry of that
+    name stays, as the kubelet reads the last."""
+    entry = f"{_CONTAINER_AT} + {literal('/env/')} + string(j)"
     body = _ENV_BOUND.format(
-        body=f"variables.wants[c.name].map(w, cel.bind(j, {_KEPT_ENTRY}, j >= 0 && "
-        "(has(env[j].value) ? env[j].value : '') != w['value'] ? "
-        f"[{_added(value, 'w.value')}] : [])).flatten()"
+        body=f"variables.wants[c.name].map(w, cel.bind(j, {_LAST_ENTRY}, j >= 0 && "
+        "(has(env[j].valueFrom) || (has(env[j].value) ? env[j].value : '') != w['value']) ? "
+        f"[{_added(entry, 'w')}] : [])).flatten()"
     )
     return _each_sharing(body)
 
@@ -493,7 +494,7 @@ def _container_adds() -> tuple[str, str, str]:
     env = _appended(
         f"{at} + '/env'",
         "env",
-        f"variables.wants[c.name].filter(w, {_KEPT_ENTRY} < 0).map(w, dyn(w))",
+        f"variables.wants[c.name].filter(w, {_LAST_ENTRY} < 0).map(w, dyn(w))",
     )
     mounts = _appended(
         f"{at} + '/volumeMounts'",
@@ -643,10 +644,6 @@ def _remove(pointer: str) -> str:
     return f".reverse().map(j, {pointer} + string(j))"
 
 
-# The names the mutation sets that do not start with CUDA_ (container_wants).
-_SET_OUTSIDE_CUDA: Final = ("LD_PRELOAD", "GPU_CORE_UTILIZATION_POLICY", "ACTIVE_OOM_KILLER")
-
-
 def _injection_data(policy: Policy) -> list[Obj]:
     """The variables ``injectionMounts`` and ``injectionVolumes``: what the object's mode
     injects (``injection_for``), as data, so that what reads or writes it is rendered
@@ -714,33 +711,39 @@ _STRAY: Final = (
 
 
 def _suspect() -> str:
-    """Some container sets a name the mutation sets or mounts at one of its paths, or
-    the pod has a volume of one of its names: else there is nothing to remove nor to
-    report replaced. Most pods hold nothing of the kind: a scan of names and paths
-    first skips that work."""
+    """Some sharing container holds what the mutation removes or reports replaced (the
+    last entry of a wanted name taking valueFrom or holding another value; a stray vGPU
+    limit; a mount at an injected path that is not the injected one), or the pod a
+    volume of an injected name that is not the injected one: else ``removed`` and
+    ``overridden`` are empty, and their scans are skipped. A pod the mutation made holds
+    its names (the apiserver reinvokes gpushare-mutate on it): each wanted name is
+    looked up by lastIndexOf and indexOf, not scanned for."""
     spec = "variables.spec"
+    entry = (
+        "w.all(x, cel.bind(j, ns.lastIndexOf(x.name), j < 0 || "
+        "(!has(env[j].valueFrom) && (has(env[j].value) ? env[j].value : '') == x.value)))"
+    )
+    stray = f"ns.exists(n, {_STRAY.replace('!(n in w)', '!(n in w.map(x, x.name))')})"
+    clean = _ENV_BOUND.format(body=f"cel.bind(w, variables.wants[c.name], {entry} && !{stray})")
+    mounts = f"has(c.volumeMounts) && c.volumeMounts.exists(m, {_AT_INJECTED} && !{_KEPT_MOUNT})"
     return (
         "size(variables.injectionMounts) > 0 && "
-        f"(({MUTATED_CONTAINERS}).exists(c, (has(c.env) && c.env.exists(e, "
-        f"e.name.startsWith('CUDA_') || e.name in {strings(_SET_OUTSIDE_CUDA)})) || "
-        f"(has(c.volumeMounts) && c.volumeMounts.exists(m, {_AT_INJECTED}))) || "
-        f"(has({spec}.volumes) && {spec}.volumes.exists(v, {_OF_INJECTED})))"
+        f"(({MUTATED_CONTAINERS}).exists(c, c.name in variables.wants && (!({clean}) || "
+        f"({mounts}))) || "
+        f"(has({spec}.volumes) && {spec}.volumes.exists(v, {_OF_INJECTED} && !{_KEPT_VOLUME})))"
     )
 
 
 def _removed() -> str:
     """The JSON pointers to remove, each list's from its last index, of what is not set
-    in place (see the module's docstring): in each sharing container an env entry of
-    a wanted name that takes valueFrom or that a later entry repeats, a stray vGPU
+    in place (see the module's docstring): in each sharing container a stray vGPU
     limit, a mount at an injected path that is not the injected one; a volume of an
     injected name that is not the injected one."""
     spec = "variables.spec"
     at = _CONTAINER_AT
     env = (
         "cel.bind(env, has(c.env) ? c.env : [], lists.range(size(env)).filter(j, "
-        "cel.bind(n, env[j].name, (n in w && (has(env[j].valueFrom) || "
-        f"lists.range(size(env)).exists(x, x > j && env[x].name == n))) || {_STRAY}))"
-        f"{_remove(at + ' + ' + literal('/env/'))})"
+        f"cel.bind(n, env[j].name, {_STRAY})){_remove(at + ' + ' + literal('/env/'))})"
     )
     mounts = (
         "cel.bind(ms, has(c.volumeMounts) ? c.volumeMounts : [], "
@@ -913,7 +916,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
     )
     patch = (
         f"{_ADD.format(adds='variables.modeAnnotation')} + ({_record()}) + "
-        f"{_ADD.format(adds='variables.setValues')} + "
+        "variables.setValues.map(a, JSONPatch{op: 'replace', path: a.path, value: a.value}) + "
         "variables.removed.map(p, JSONPatch{op: 'remove', path: p}) + "
         f"{_ADD.format(adds=f'({appended})')}"
     )
