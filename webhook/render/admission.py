@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any, Final
 
 from webhook.core.policy import Policy
-from webhook.render.cel import glob_test, printed
+from webhook.render.cel import NamedExpression, glob_test, printed
 from webhook.render.pod import Obj, identity_test
 
 API_VERSION: Final = "admissionregistration.k8s.io/v1"
@@ -36,9 +36,9 @@ _RESOURCE_RULES: Final = (
 )
 
 
-def exemption_conditions(policy: Policy) -> list[Obj]:
+def exemption_conditions(policy: Policy) -> list[NamedExpression]:
     """The policy's exemptions: an exempt namespace or identity is not judged."""
-    conditions = []
+    conditions: list[NamedExpression] = []
     if policy.exempt_namespaces:
         conditions.append(
             {

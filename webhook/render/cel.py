@@ -11,7 +11,15 @@ import re
 import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, TypedDict
+
+
+class NamedExpression(TypedDict):
+    """A named CEL expression, as a policy's variable and a matchCondition are written on
+    the wire."""
+
+    name: str
+    expression: str
 
 
 # What Python's str.strip() drops (str.isspace()), which the core strips from env and

@@ -12,8 +12,8 @@ from webhook.core import objects as core_objects
 from webhook.core import rules as core_rules
 from webhook.core.objects import DEVICE_CLASS
 from webhook.core.policy import DEVICE_CLASS_RESOURCE, Policy
-from webhook.render.cel import cel_value, glob_test, guarded, literal, strings
-from webhook.render.pod import Obj, names_test, zero
+from webhook.render.cel import NamedExpression, cel_value, glob_test, guarded, literal, strings
+from webhook.render.pod import names_test, zero
 
 # The core functions this family renders: a rename there breaks the import here.
 CORE_TWINS: Final = (
@@ -83,7 +83,7 @@ def _written_claim_tests(policy: Policy) -> dict[str, str]:
     return tests
 
 
-def written_claim_variables(policy: Policy) -> list[Obj]:
+def written_claim_variables(policy: Policy) -> list[NamedExpression]:
     """What gpu-claim reads of a written DRA object (:func:`_written_claim_tests`)."""
     return [{"name": n, "expression": e} for n, e in _written_claim_tests(policy).items()]
 

@@ -38,10 +38,9 @@ from webhook.core.objects import ENV_SOURCES
 from webhook.core.policy import EnvAllowance, Policy
 from webhook.core.resources import PRIORITIES
 from webhook.core.rules import FALSY, HARMLESS_VISIBLE_DEVICES, TRUTHY
-from webhook.render.cel import cel_value, glob_test, literal, strings, stripped_in
+from webhook.render.cel import NamedExpression, cel_value, glob_test, literal, strings, stripped_in
 from webhook.render.pod import (
     ANNOTATIONS_OF,
-    Obj,
     PodTest,
     asks_for_gpu,
     container_class,
@@ -110,7 +109,7 @@ def _managed(name: str, *, mps_client: str | None) -> str:
     return " || ".join(terms)
 
 
-def env_tables() -> list[Obj]:
+def env_tables() -> list[NamedExpression]:
     """The env names the allowlist leaves to rules of their own (``env.managed``), as
     variables: the names, the MPS client's settings, the device pins and their values."""
     return [
@@ -378,7 +377,7 @@ def _guarded_key(key: str) -> str:
     )
 
 
-def written_env_variables(policy: Policy) -> list[Obj]:
+def written_env_variables(policy: Policy) -> list[NamedExpression]:
     """What raw-visible-devices reads of a written ConfigMap or Secret: its keys that are a
     guarded name or of a guarded channel (most objects have none, and read nothing
     else), whether a ledger's writer keeps it, and per class of container whether a key
@@ -386,7 +385,7 @@ def written_env_variables(policy: Policy) -> list[Obj]:
     unread)."""
     channels = f"({channel_test('k', 'devices')}) || ({channel_test('k', 'limits')})"
     unread = "request.kind.kind == 'Secret'"
-    found: list[Obj] = [
+    found: list[NamedExpression] = [
         {
             "name": "judgedKeys",
             "expression": f"object.data.filter(k, {_guarded_key('k')} || {channels})",

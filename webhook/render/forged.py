@@ -10,8 +10,8 @@ from typing import Final
 
 from webhook.core import rules as core_rules
 from webhook.core.policy import Ledger, Policy
-from webhook.render.cel import glob_test
-from webhook.render.pod import Obj, identity_test
+from webhook.render.cel import NamedExpression, glob_test
+from webhook.render.pod import identity_test
 
 # The core functions this family renders: a rename there breaks the import here.
 CORE_TWINS: Final = (core_rules.forged_allocation,)
@@ -28,7 +28,7 @@ def touched_annotations() -> str:
     )
 
 
-def forged_variables(policy: Policy) -> list[Obj]:
+def forged_variables(policy: Policy) -> list[NamedExpression]:
     """What forged-allocation reads: the keys this request touched, once for every ledger."""
     return [{"name": "touchedAnnotations", "expression": touched_annotations()}]
 

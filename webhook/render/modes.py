@@ -14,8 +14,8 @@ from webhook.core import mode as core_mode
 from webhook.core import rules as core_rules
 from webhook.core.mode import MODE_ALIASES
 from webhook.core.policy import MODES, Policy
-from webhook.render.cel import glob_test, literal, strings, stripped_in
-from webhook.render.pod import Obj, asks_test, mig_test, shares, sharing_test
+from webhook.render.cel import NamedExpression, glob_test, literal, strings, stripped_in
+from webhook.render.pod import asks_test, mig_test, shares, sharing_test
 
 # The core functions this family renders: a rename there breaks the import here.
 CORE_TWINS: Final = (core_mode.choose_mode, core_mode.named_mode, core_rules.mps_percentage)
@@ -182,7 +182,7 @@ def _conflicts(policy: Policy) -> dict[str, str]:
 _NAMED_CONFLICTS: Final = ("misspeltMode", "unsatisfiedContainer")
 
 
-def conflict_variables(policy: Policy) -> list[Obj]:
+def conflict_variables(policy: Policy) -> list[NamedExpression]:
     """What mode-conflict reads: its longest findings (:func:`_conflicts`)."""
     return [
         {"name": name, "expression": e}

@@ -13,11 +13,10 @@ from webhook.core.env import VISIBLE_DEVICES
 from webhook.core.injection import LIBRARY_PATH, MODE_ANNOTATION, MPS_LIMIT_VARS, injection_for
 from webhook.core.policy import DEFAULT_SCHEDULER, Mode, Policy
 from webhook.core.resources import MAX_COUNT
-from webhook.render.cel import ints, literal, strings
+from webhook.render.cel import NamedExpression, ints, literal, strings
 from webhook.render.modes import placed_mps
 from webhook.render.pod import (
     MUTATED_CONTAINERS,
-    Obj,
     asks_for_gpu,
     injects,
     same_mount,
@@ -205,13 +204,13 @@ def _pod_set(policy: Policy, mode: Mode) -> str:
 _MODES: Final[tuple[Mode, ...]] = ("vgpu", "mps")
 
 
-def unmutated_variables(policy: Policy) -> list[Obj]:
+def unmutated_variables(policy: Policy) -> list[NamedExpression]:
     """What unmutated-gpu-pod reads, each evaluated once when first read: the GPU indices,
     the scheduler, the count resources and no stray limit variable (vgpu) as mutated, then
     per mode (vgpu, mps) whether the pod, the
     containers' env and their mounts hold what the mutation sets, the void in each
     container that asks for no GPU, and a whole-GPU pod kept off the sharing pool."""
-    found: list[Obj] = [
+    found: list[NamedExpression] = [
         {"name": "gpuIndices", "expression": ints(range(MAX_COUNT))},
         {"name": "scheduled", "expression": _scheduled(policy)},
         {

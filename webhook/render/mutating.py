@@ -89,7 +89,7 @@ from webhook.render.admission import (
     match_constraints,
     readable,
 )
-from webhook.render.cel import literal, strings, unbind
+from webhook.render.cel import NamedExpression, literal, strings, unbind
 from webhook.render.env import loosening
 from webhook.render.modes import placed_mps
 from webhook.render.pod import (
@@ -314,7 +314,7 @@ def _pointer() -> str:
     )
 
 
-def mutation_variables(policy: Policy) -> list[Obj]:
+def mutation_variables(policy: Policy) -> list[NamedExpression]:
     """The shared variables (:mod:`webhook.render.variables`), and per container name what
     the mutation sets in it."""
     void = (
@@ -347,13 +347,13 @@ def mutation_variables(policy: Policy) -> list[Obj]:
             ),
         },
         *(
-            {
-                "name": f"{mode}Wants",
-                "expression": unbind(
+            NamedExpression(
+                name=f"{mode}Wants",
+                expression=unbind(
                     f"variables.mode == {literal(mode)} ? {sharing}.transformMapEntry("
                     f"i, c, {{c.name: {container_wants(policy, mode)}}}) : {{}}"
                 ),
-            }
+            )
             for mode in ("vgpu", "mps")
         ),
         {
@@ -383,7 +383,7 @@ def mutation_variables(policy: Policy) -> list[Obj]:
             "expression": unbind(f"variables.mode in ['vgpu', 'mps'] ? [] : {_pool_ops(policy)}"),
         },
         *(
-            {"name": name, "expression": unbind(expression)}
+            NamedExpression(name=name, expression=unbind(expression))
             for name, expression in zip(
                 ("replacedInContainers", "overridden"), _replaced(policy), strict=True
             )
@@ -392,7 +392,7 @@ def mutation_variables(policy: Policy) -> list[Obj]:
         {"name": "modeAnnotation", "expression": unbind(_mode_annotation())},
         {"name": "setValues", "expression": unbind(_set_values())},
         *(
-            {"name": name, "expression": unbind(expression)}
+            NamedExpression(name=name, expression=unbind(expression))
             for name, expression in zip(
                 ("envAdds", "mountAdds", "impliedAdds"), _container_adds(), strict=True
             )
@@ -644,7 +644,7 @@ def _remove(pointer: str) -> str:
     return f".reverse().map(j, {pointer} + string(j))"
 
 
-def _injection_data(policy: Policy) -> list[Obj]:
+def _injection_data(policy: Policy) -> list[NamedExpression]:
     """The variables ``injectionMounts`` and ``injectionVolumes``: what the object's mode
     injects (``injection_for``), as data, so that what reads or writes it is rendered
     once for every mode. Every value a string, so each list is of one type: a mount's

@@ -29,10 +29,9 @@ from webhook.core.rules import (
     STACK_ROOTS,
     read_paths,
 )
-from webhook.render.cel import literal, strings
+from webhook.render.cel import NamedExpression, literal, strings
 from webhook.render.pod import (
     ANNOTATIONS_OF,
-    Obj,
     PodTest,
     asks_for_gpu,
     injects,
@@ -333,7 +332,7 @@ def _runtime_annotations(policy: Policy, annotations: str) -> str:
     return f"{annotations}.exists(k, {' || '.join(f'({t})' for t in terms)})"
 
 
-def host_access_variables(policy: Policy) -> list[Obj]:
+def host_access_variables(policy: Policy) -> list[NamedExpression]:
     """What host-device-access reads: the injected mounts, then its pieces of each pod."""
     return [
         {"name": "injectedMounts", "expression": injected_mounts(policy)},

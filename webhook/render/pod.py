@@ -15,7 +15,7 @@ from webhook.core.injection import VOLUME_LIBRARY, VOLUME_LOCK, VOLUME_MPS_PIPE,
 from webhook.core.policy import Identities, Mode, Policy
 from webhook.core.resources import CONTAINER_KINDS
 from webhook.core.workload import KINDS_BY_PATH
-from webhook.render.cel import glob_test, guarded, literal, strings
+from webhook.render.cel import NamedExpression, glob_test, guarded, literal, strings
 
 Obj = dict[str, Any]
 
@@ -206,7 +206,7 @@ def pieces_test(names: Sequence[str]) -> PodTest:
     return test
 
 
-def pod_pieces(pieces: Mapping[str, PodTest]) -> list[Obj]:
+def pod_pieces(pieces: Mapping[str, PodTest]) -> list[NamedExpression]:
     """Each of ``pieces`` (name -> test of one pod) as a variable of the object and one of
     the old pod (:func:`old_name`, ``{}``'s when no pod is updated): a rule reads a pod as a
     short composition of them, and the apiserver evaluates each once, when first read."""

@@ -14,8 +14,8 @@ from webhook.core import resources as core_resources
 from webhook.core import rules as core_rules
 from webhook.core.policy import Policy
 from webhook.core.resources import MAX_COUNT, MAX_GIB, MAX_MIB, PRIORITIES
-from webhook.render.cel import ints, literal, strings
-from webhook.render.pod import Obj, gpu_resource, is_vacant, mig_test, shared_resources
+from webhook.render.cel import NamedExpression, ints, literal, strings
+from webhook.render.pod import gpu_resource, is_vacant, mig_test, shared_resources
 
 # The core functions this family renders: a rename there breaks the import here.
 CORE_TWINS: Final = (
@@ -216,7 +216,7 @@ def _ask(policy: Policy, c: str, *, init: bool = False) -> str:
     return with_parts_value(c, f"[{numbers}].map(N, [{gpus}].map(g, {body})[0])[0]")
 
 
-def request_variables(policy: Policy) -> list[Obj]:
+def request_variables(policy: Policy) -> list[NamedExpression]:
     """What the validations of GPU requests read, per container as :func:`_ask` counts it:
     ``mainAsks`` of the containers, ``initAsks`` of the init containers (ephemeral
     containers may not ask for resources)."""
@@ -245,7 +245,7 @@ def request_variables(policy: Policy) -> list[Obj]:
     ]
 
 
-def request_problem_variables(policy: Policy) -> list[Obj]:
+def request_problem_variables(policy: Policy) -> list[NamedExpression]:
     """Per problem of :func:`_request_problems`, whether a container that is not vacant
     has it (each a pass of its own: an admitted pod's containers are all read either
     way)."""

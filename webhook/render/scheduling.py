@@ -12,9 +12,9 @@ from typing import Final
 from webhook.core import rules as core_rules
 from webhook.core import whole as core_whole
 from webhook.core.policy import DEFAULT_SCHEDULER, Policy
-from webhook.render.cel import glob_test, literal, strings
+from webhook.render.cel import NamedExpression, glob_test, literal, strings
 from webhook.render.modes import SELECTOR, named_steps, selects
-from webhook.render.pod import Obj, asks_test, mig_test
+from webhook.render.pod import asks_test, mig_test
 
 # The core functions this family renders: a rename there breaks the import here.
 CORE_TWINS: Final = (
@@ -142,13 +142,13 @@ def beyond_name(scheduler: str, taken: set[str]) -> str:
     return unique
 
 
-def scheduler_variables(policy: Policy) -> list[Obj]:
+def scheduler_variables(policy: Policy) -> list[NamedExpression]:
     """Per scheduler of the policy's resourceSchedulers, whether a container asks for GPUs
     it does not account for: a slice not listed for it, or a count resource not listed for
     it without slices of its own vendor beside it (``Policy.scheduling_resources``)."""
     sharing = sorted(r for r in policy.gpu_resources if not r.startswith(policy.mig_prefixes))
     slices = [r for r in sharing if r not in policy.count_resources]
-    found: list[Obj] = []
+    found: list[NamedExpression] = []
     taken: set[str] = set()
     for scheduler, resources in sorted(_resources_by_scheduler(policy).items()):
         terms = []

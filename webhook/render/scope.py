@@ -54,13 +54,13 @@ Pure: a :class:`~webhook.core.policy.Policy` in, a list of conditions out.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Final, TypedDict
+from typing import Final, TypeAlias
 
 from webhook.core.env import DEVICE_PREFIXES
 from webhook.core.policy import DEVICE_CLASS_RESOURCE, Policy
 from webhook.core.rules import CDI_MARK, CDI_PREFIXES, CRIO_DEVICE_KEYS, mount_marks
 from webhook.core.workload import KINDS_BY_PATH
-from webhook.render.cel import any_of, literal, printed, strings
+from webhook.render.cel import NamedExpression, any_of, literal, printed, strings
 from webhook.render.pod import (
     CUDA_VERSION,
     INJECTED_VOLUMES,
@@ -75,9 +75,8 @@ CONDITION_NAME: Final = "gpushare.io/gpu-relevant"
 _GLOB_CHARS: Final = "*?["
 
 
-class MatchCondition(TypedDict):
-    name: str
-    expression: str
+# A matchCondition is a named expression on the wire.
+MatchCondition: TypeAlias = NamedExpression
 
 
 # Top-level alternatives one a line: the conditions are read in deploy/base too.

@@ -134,7 +134,7 @@ from webhook.render.admission import (
     match_constraints,
     readable,
 )
-from webhook.render.cel import literal, text
+from webhook.render.cel import NamedExpression, literal, text
 from webhook.render.claims import pod_claims, written_claim_variables, written_claims
 from webhook.render.env import (
     env_tables,
@@ -251,7 +251,7 @@ def rule_expressions(policy: Policy) -> dict[str, str]:
 RULES: Final = tuple(MESSAGES)
 
 
-def rule_variables(policy: Policy) -> dict[str, list[Obj]]:
+def rule_variables(policy: Policy) -> dict[str, list[NamedExpression]]:
     """The variables each rule's validation and message read beyond the shared ones (in
     the order they read each other), rendered only where the rule is: each a piece a
     person reads by its name, evaluated once per object, when first read."""
@@ -266,9 +266,9 @@ def rule_variables(policy: Policy) -> dict[str, list[Obj]]:
     }
 
 
-def _rule_variables(policy: Policy, rules: Iterable[str]) -> list[Obj]:
+def _rule_variables(policy: Policy, rules: Iterable[str]) -> list[NamedExpression]:
     """The variables of ``rules`` (:func:`rule_variables`), one of each name."""
-    found: dict[str, Obj] = {}
+    found: dict[str, NamedExpression] = {}
     every = rule_variables(policy)
     for rule in rules:
         for variable in every.get(rule, ()):

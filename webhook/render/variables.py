@@ -8,10 +8,9 @@ deriving it again.
 from __future__ import annotations
 
 from webhook.core.policy import Policy
-from webhook.render.cel import guarded, strings
+from webhook.render.cel import NamedExpression, guarded, strings
 from webhook.render.modes import NODE_SELECTOR, annotated_mode, chosen_mode, dynamic_mig, library
 from webhook.render.pod import (
-    Obj,
     asks_test,
     container_list,
     gpu_resource,
@@ -41,7 +40,7 @@ def _annotations(meta: str) -> str:
     return f"(has({meta}.annotations) ? {meta}.annotations : {{}})"
 
 
-def variables(policy: Policy) -> list[Obj]:
+def variables(policy: Policy) -> list[NamedExpression]:
     """The pod spec, metadata, containers and GPU request of the object and the old one."""
     pod_update = "request.kind.kind == 'Pod' && request.operation == 'UPDATE' && oldObject != null"
     return [
