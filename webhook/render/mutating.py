@@ -409,8 +409,8 @@ def _by_mode(values: Mapping[str, str], otherwise: str) -> str:
     return expression
 
 
-def _escaped(key: str) -> str:
-    """``key`` as one step of a JSON Pointer (RFC 6901), at render time."""
+def _step(key: str) -> str:
+    """``key`` as one step of a JSON Pointer (RFC 6901's escapes), at render time."""
     return key.replace("~", "~0").replace("/", "~1")
 
 
@@ -486,11 +486,10 @@ def _injected_volume(item: str) -> str:
 
 def _container_adds() -> tuple[str, str, str]:
     """The variables ``envAdds``, ``mountAdds`` and ``impliedAdds``: per sharing
-    container, appended after the removals, each wanted env entry the removals leave none
-    of, each injected mount not already there as injected, and the implied count resource
+    container, appended after the removals, each wanted env entry of a name it lacks,
+    each injected mount not already there as injected, and the implied count resource
     (in requests too where the container has requests)."""
     at = _CONTAINER_AT
-    kept = mount_is("m", "i.name", "(i.readOnly == " + literal("true") + ")")
     env = _appended(
         f"{at} + '/env'",
         "env",
@@ -500,7 +499,7 @@ def _container_adds() -> tuple[str, str, str]:
         f"{at} + '/volumeMounts'",
         "ms",
         "variables.injectionMounts.filter(i, !ms.exists(m, m.mountPath == i.mountPath && "
-        f"{kept})).map(i, {_injected_mount('i')})",
+        f"{_IS_INJECTED_MOUNT})).map(i, {_injected_mount('i')})",
     )
     one = literal("1")
     limits, requests = (
@@ -509,7 +508,7 @@ def _container_adds() -> tuple[str, str, str]:
     key = " + '/' + x"
     implied = (
         "cel.bind(r, variables.implied[c.name], r == '' ? [] : "
-        f"cel.bind(x, {_ESCAPED_KEY.replace('k.', 'r.')}, "
+        f"cel.bind(x, {_step_of('r')}, "
         f"(has(c.resources.limits) ? [{_added(limits + key, one)}] : "
         f"[{_added(limits, '{r: ' + one + '}')}]) + "
         f"(has(c.resources.requests) ? [{_added(requests + key, one)}] : [])))"
@@ -549,11 +548,11 @@ def _spec_adds(policy: Policy) -> str:
         f"(variables.mode == 'mps' && !(has({spec}.hostIPC) && {spec}.hostIPC) ? "
         f"[{_added('variables.pointer + ' + literal('/hostIPC'), 'true')}] : [])"
     )
-    kept = f"(i.path != '' ? {host_volume_is('v', 'i.path', 'i.type')} : {empty_dir_is('v')})"
     volumes = _appended(
         "variables.pointer + '/volumes'",
         "vs",
-        f"variables.injectionVolumes.filter(i, !vs.exists(v, v.name == i.name && {kept}))"
+        "variables.injectionVolumes.filter(i, !vs.exists(v, v.name == i.name && "
+        f"{_IS_INJECTED_VOLUME}))"
         f".map(i, {_injected_volume('i')})",
     )
     return (
@@ -575,7 +574,7 @@ def _mode_annotation() -> str:
         at = "/" + "/".join((*shape.path, "metadata"))
         annotations = f"{{{key}: {value}}}"
         wrapped = f"{{{literal(_ANNOTATIONS)}: {annotations}}}"
-        pointer = literal(f"{at}/{_ANNOTATIONS}/{_escaped(MODE_ANNOTATION)}")
+        pointer = literal(f"{at}/{_ANNOTATIONS}/{_step(MODE_ANNOTATION)}")
         return (
             f"!has({meta}) ? [{_added(literal(at), wrapped)}] : "
             f"!has({meta}.annotations) ? [{_added(literal(at + '/' + _ANNOTATIONS), annotations)}] : "
@@ -692,16 +691,19 @@ def _injection_data(policy: Policy) -> list[NamedExpression]:
 # A mount ``m`` at an injected path, and one that is the injected mount there
 # (``mutation._same_mount``: its volume, read-only as injected, no subPath).
 _AT_INJECTED: Final = "variables.injectionMounts.exists(i, i.mountPath == m.mountPath)"
+# The mount ``m`` is the injected mount ``i``, the volume ``v`` the injected volume ``i``.
+_IS_INJECTED_MOUNT: Final = mount_is("m", "i.name", "(i.readOnly == " + literal("true") + ")")
+_IS_INJECTED_VOLUME: Final = (
+    f"(i.path != '' ? {host_volume_is('v', 'i.path', 'i.type')} : {empty_dir_is('v')})"
+)
 _KEPT_MOUNT: Final = (
-    "variables.injectionMounts.exists(i, i.mountPath == m.mountPath && "
-    f"{mount_is('m', 'i.name', '(i.readOnly == ' + literal('true') + ')')})"
+    f"variables.injectionMounts.exists(i, i.mountPath == m.mountPath && {_IS_INJECTED_MOUNT})"
 )
 # A volume ``v`` of an injected name, and one that is the injected volume
 # (``injection.same_volume``: one source per volume, hostPath.type defaulted).
 _OF_INJECTED: Final = "variables.injectionVolumes.exists(i, i.name == v.name)"
 _KEPT_VOLUME: Final = (
-    "variables.injectionVolumes.exists(i, i.name == v.name && (i.path != '' ? "
-    f"{host_volume_is('v', 'i.path', 'i.type')} : {empty_dir_is('v')}))"
+    f"variables.injectionVolumes.exists(i, i.name == v.name && {_IS_INJECTED_VOLUME})"
 )
 # A stray vGPU limit variable ``n``, where ``w`` are the names wanted (vgpu mode only).
 _STRAY: Final = (
@@ -717,7 +719,7 @@ def _suspect() -> str:
     volume of an injected name that is not the injected one: else ``removed`` and
     ``overridden`` are empty, and their scans are skipped. A pod the mutation made holds
     its names (the apiserver reinvokes gpushare-mutate on it): each wanted name is
-    looked up by lastIndexOf and indexOf, not scanned for."""
+    looked up by lastIndexOf, not scanned for."""
     spec = "variables.spec"
     entry = (
         "w.all(x, cel.bind(j, ns.lastIndexOf(x.name), j < 0 || "
@@ -835,12 +837,15 @@ def _record() -> str:
     return f"size(variables.overridden) == 0 ? [] : [{annotation}, {label}]"
 
 
-_ESCAPED_KEY: Final = "k.replace('~', '~0').replace('/', '~1')"
+def _step_of(key: str) -> str:
+    """The CEL string ``key`` as one step of a JSON Pointer (:func:`_step` in CEL):
+    jsonpatch.escapeKey is a mutation's alone, not a variable's."""
+    return f"{key}.replace('~', '~0').replace('/', '~1')"
 
 
 def _added(path: str, value: str) -> str:
-    """A JSONPatch add as data, for a variable (where no JSONPatch can be made): its path
-    and value, each ``dyn`` so that adds of maps and lists are of one type."""
+    """A JSONPatch op's path and value as data, for a variable (where no JSONPatch can be
+    made), each ``dyn`` so that ops of maps, lists and strings are of one type."""
     return f"{{'path': dyn({path}), 'value': dyn({value})}}"
 
 
@@ -861,8 +866,7 @@ def _node_selector(policy: Policy) -> str:
     return (
         f"({placed_mps(policy)} ? [] : "
         f"(has({spec}.nodeSelector) ? {keys}.filter(k, !(k in {spec}.nodeSelector)).map(k, "
-        # RFC 6901's escapes: jsonpatch.escapeKey is a mutation's alone, not a variable's.
-        f"{_added(at + ' + ' + literal('/') + ' + ' + _ESCAPED_KEY, f'{table}[k]')}) : "
+        f"{_added(at + ' + ' + literal('/') + ' + ' + _step_of('k'), f'{table}[k]')}) : "
         f"[{_added(at, table)}]))"
     )
 
@@ -874,8 +878,9 @@ def _by_kind(expressions: Mapping[Shape, str], otherwise: str) -> str:
     return expression
 
 
-# The adds of a list of them (:func:`_added`) as JSONPatch ops.
-_ADD: Final = "{adds}.map(a, JSONPatch{{op: 'add', path: a.path, value: a.value}})"
+def _ops(op: str, items: str) -> str:
+    """The CEL list ``items`` of paths and values (:func:`_added`) as JSONPatch ops ``op``."""
+    return f"{items}.map(a, JSONPatch{{op: '{op}', path: a.path, value: a.value}})"
 
 
 def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> list[Obj]:
@@ -911,14 +916,15 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
     # annotation and the record, the values set in place (by their indices as given), the
     # removals (each list's from its last index), then what is appended or added.
     appended = (
-        "variables.envAdds + variables.mountAdds + variables.impliedAdds + variables.voidAdds + variables.specAdds + "
-        "variables.mpsNodeSelector + variables.poolAffinity"
+        "variables.envAdds + variables.mountAdds + variables.impliedAdds + "
+        "variables.voidAdds + variables.specAdds + variables.mpsNodeSelector + "
+        "variables.poolAffinity"
     )
     patch = (
-        f"{_ADD.format(adds='variables.modeAnnotation')} + ({_record()}) + "
-        "variables.setValues.map(a, JSONPatch{op: 'replace', path: a.path, value: a.value}) + "
+        f"{_ops('add', 'variables.modeAnnotation')} + ({_record()}) + "
+        f"{_ops('replace', 'variables.setValues')} + "
         "variables.removed.map(p, JSONPatch{op: 'remove', path: p}) + "
-        f"{_ADD.format(adds=f'({appended})')}"
+        f"{_ops('add', f'({appended})')}"
     )
     mutate: Obj = {
         "failurePolicy": "Fail",
@@ -952,7 +958,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         "mutations": [
             {
                 "patchType": "JSONPatch",
-                "jsonPatch": {"expression": _ADD.format(adds="variables.voidAdds")},
+                "jsonPatch": {"expression": _ops("add", "variables.voidAdds")},
             }
         ],
     }
