@@ -308,7 +308,7 @@ class MutatingPolicy:
     apiserver runs it: its matchConditions (all true, or nothing happens; an error is
     raised, which failurePolicy Fail makes a refusal), then each mutation in order on the
     object the previous one left, its variables bound afresh
-    (admission/plugin/policy/mutating/dispatcher.go:140-205, patch/json_patch.go:72-116:
+    (admission/plugin/policy/mutating/dispatcher.go:139-216, patch/json_patch.go:72-116 @ v0.36.3:
     the ops applied by RFC 6902, as the ``jsonpatch`` package applies them)."""
 
     def __init__(self, obj: Mapping[str, Any], env: Any | None = None) -> None:
