@@ -1,16 +1,63 @@
 """What every rendered admission object shares: its API version, labels, names, the
-resources it matches, and the policy's exemptions as matchConditions.
+resources it matches, the policy's exemptions as matchConditions, and the wire shapes of
+the policies' specs (the fields this renderer writes).
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+from typing import Any, Final, Literal, Required, TypedDict
 
 from webhook.core.policy import Policy
 from webhook.render.cel import NamedExpression, glob_test, printed
 from webhook.render.pod import Obj, identity_test
 
 API_VERSION: Final = "admissionregistration.k8s.io/v1"
+
+
+FailurePolicy = Literal["Fail", "Ignore"]
+
+
+class Validation(TypedDict, total=False):
+    """A ValidatingAdmissionPolicy's validation."""
+
+    expression: Required[str]
+    message: str
+    messageExpression: str
+    reason: str
+
+
+class AuditAnnotation(TypedDict):
+    key: str
+    valueExpression: str
+
+
+class ValidatingSpec(TypedDict, total=False):
+    failurePolicy: Required[FailurePolicy]
+    matchConstraints: Required[Obj]
+    matchConditions: list[NamedExpression]
+    variables: list[NamedExpression]
+    validations: Required[list[Validation]]
+    auditAnnotations: list[AuditAnnotation]
+
+
+class PatchExpression(TypedDict):
+    expression: str
+
+
+class Mutation(TypedDict):
+    """A MutatingAdmissionPolicy's mutation: this renderer writes JSONPatch ones only."""
+
+    patchType: Literal["JSONPatch"]
+    jsonPatch: PatchExpression
+
+
+class MutatingSpec(TypedDict):
+    failurePolicy: FailurePolicy
+    matchConstraints: Obj
+    matchConditions: list[NamedExpression]
+    reinvocationPolicy: Literal["IfNeeded", "Never"]
+    variables: list[NamedExpression]
+    mutations: list[Mutation]
 
 
 NAME_PREFIX: Final = "gpushare-"

@@ -85,6 +85,7 @@ from webhook.render.admission import (
     LABELS,
     OVERRIDES_ANNOTATION,
     OVERRIDES_LABEL_VALUE,
+    MutatingSpec,
     exemption_conditions,
     match_constraints,
     readable,
@@ -926,7 +927,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
         "variables.removed.map(p, JSONPatch{op: 'remove', path: p}) + "
         f"{_ops('add', f'({appended})')}"
     )
-    mutate: Obj = {
+    mutate: MutatingSpec = {
         "failurePolicy": "Fail",
         "matchConstraints": constraints,
         "matchConditions": [*exemptions, {"name": "gpushare.io/gpu", "expression": gpu}],
@@ -941,7 +942,7 @@ def mutating_policies(policy: Policy, *, namespace: str = "gpushare-system") -> 
             },
         ],
     }
-    void: Obj = {
+    void: MutatingSpec = {
         "failurePolicy": "Ignore",
         "matchConstraints": constraints,
         "matchConditions": [

@@ -130,6 +130,9 @@ from webhook.render.admission import (
     OVERRIDES_ANNOTATION,
     OVERRIDES_LABEL_VALUE,
     SYSTEM_NAMESPACES,
+    AuditAnnotation,
+    ValidatingSpec,
+    Validation,
     exemption_conditions,
     match_constraints,
     readable,
@@ -194,22 +197,22 @@ def holds_variable(rule: str) -> str:
 
 def audit_annotations(
     rules: Mapping[str, str], messages: Mapping[str, str]
-) -> tuple[list[Obj], list[Obj]]:
+) -> tuple[list[NamedExpression], list[AuditAnnotation]]:
     """One auditAnnotation per rule of ``rules`` (rule id -> its validation expression):
     the apiserver records ``<policy name>/<rule id>`` with the rule's message when the
     object breaks it (and nothing when not), whatever else it breaks. Returns the
     variables they read (a valueExpression may hold 5120 bytes, less than some rules
     take) and the annotations."""
-    held = [{"name": holds_variable(rule), "expression": e} for rule, e in rules.items()]
+    held = [NamedExpression(name=holds_variable(rule), expression=e) for rule, e in rules.items()]
     annotations = [
-        {
-            "key": rule,
+        AuditAnnotation(
+            key=rule,
             # An empty string is no annotation, as null is; the apiserver's type check
             # refuses a conditional of a string and null.
-            "valueExpression": f"!variables.{holds_variable(rule)} ? "
+            valueExpression=f"!variables.{holds_variable(rule)} ? "
             + text(f"[{rule}] {messages[rule]}")
             + " : ''",
-        }
+        )
         for rule in rules
     ]
     return held, annotations
@@ -309,7 +312,7 @@ def validating_policies(
     """Per action some rendered rule takes (deny, warn, audit; off is left out): one
     ValidatingAdmissionPolicy holding each such rule as a validation, and its binding;
     the policy's exceptions as they stand on ``today`` (:mod:`webhook.render.exception`)."""
-    by_action: dict[Action, list[Obj]] = {}
+    by_action: dict[Action, list[Validation]] = {}
     expressions: dict[Action, dict[str, str]] = {}
     messages = message_expressions(policy)
     for rule, expression in rule_expressions(policy).items():
@@ -318,7 +321,7 @@ def validating_policies(
             continue
         expression = unless_excepted(policy, rule, expression, today=today)
         expressions.setdefault(action, {})[rule] = expression
-        validation = {
+        validation: Validation = {
             # A recorded rule's expression is its audit variable's (audit_annotations).
             "expression": (
                 f"variables.{holds_variable(rule)}" if action in RECORDED_ACTIONS else expression
@@ -343,17 +346,18 @@ def validating_policies(
         if not validations:
             continue
         name = policy_name(action)
-        spec: Obj = {
+        spec: ValidatingSpec = {
             "failurePolicy": "Fail",
             "matchConstraints": match_constraints(namespace),
+            "matchConditions": [c.copy() for c in conditions],
+            "variables": [
+                *(v.copy() for v in shared),
+                *_rule_variables(policy, expressions[action]),
+            ],
+            "validations": validations,
         }
-        if conditions:
-            spec["matchConditions"] = [dict(c) for c in conditions]
-        spec["variables"] = [
-            *(dict(v) for v in shared),
-            *_rule_variables(policy, expressions[action]),
-        ]
-        spec["validations"] = validations
+        if not conditions:
+            del spec["matchConditions"]
         if action in RECORDED_ACTIONS:
             held, spec["auditAnnotations"] = audit_annotations(expressions[action], MESSAGES)
             spec["variables"].extend(held)
@@ -398,7 +402,7 @@ def _override_policies(policy: Policy, namespace: str, *, today: str) -> list[Ob
         f"string(size(variables.overrides) - {MAX_OVERRIDE_WARNINGS}) + "
         f"{literal(f' more in annotation {OVERRIDES_ANNOTATION})')} : '')"
     )
-    validations = [
+    validations: list[Validation] = [
         {
             "expression": f"size(variables.overrides) <= {i}",
             "messageExpression": f"'[limit-tampering] ' + variables.overrides[{i}]"
@@ -411,24 +415,25 @@ def _override_policies(policy: Policy, namespace: str, *, today: str) -> list[Ob
     name = OVERRIDES_POLICY
     conditions = [
         *exemption_conditions(policy),
-        {"name": "gpushare.io/overridden", "expression": written},
+        NamedExpression(name="gpushare.io/overridden", expression=written),
     ]
     exception = excepted(policy, "limit-tampering", today=today)
     if exception is not None:
         # The core warns an override as a limit-tampering finding, which an exception
         # takes off.
-        conditions.append({"name": "gpushare.io/not-excepted", "expression": f"!({exception})"})
+        conditions.append(
+            NamedExpression(name="gpushare.io/not-excepted", expression=f"!({exception})")
+        )
     constraints = match_constraints(namespace)
     constraints["objectSelector"] = {"matchLabels": {OVERRIDES_ANNOTATION: OVERRIDES_LABEL_VALUE}}
-    spec: Obj = {
+    spec: ValidatingSpec = {
         "failurePolicy": "Ignore",
         "matchConstraints": constraints,
         "matchConditions": conditions,
         "variables": [
-            {
-                "name": "overrides",
-                "expression": f"object.metadata.annotations[{key}].split('\\n')",
-            }
+            NamedExpression(
+                name="overrides", expression=f"object.metadata.annotations[{key}].split('\\n')"
+            )
         ],
         "validations": validations,
     }
@@ -436,11 +441,15 @@ def _override_policies(policy: Policy, namespace: str, *, today: str) -> list[Ob
 
 
 def _policy_and_binding(
-    name: str, spec: Obj, *, actions: Iterable[str], resources: Obj
+    name: str, spec: ValidatingSpec, *, actions: Iterable[str], resources: Obj
 ) -> list[Obj]:
     """A ValidatingAdmissionPolicy ``name`` of ``spec`` and its binding, taking
     ``actions`` on what ``resources`` matches."""
     binding = {"policyName": name, "validationActions": list(actions), "matchResources": resources}
+    bodies: tuple[tuple[str, ValidatingSpec | Obj], ...] = (
+        (POLICY_KIND, spec),
+        (BINDING_KIND, binding),
+    )
     return [
         {
             "apiVersion": API_VERSION,
@@ -448,7 +457,7 @@ def _policy_and_binding(
             "metadata": {"name": name, "labels": dict(LABELS)},
             "spec": body,
         }
-        for kind, body in ((POLICY_KIND, spec), (BINDING_KIND, binding))
+        for kind, body in bodies
     ]
 
 
@@ -487,7 +496,7 @@ def _source_policies(policy: Policy, namespace: str, *, today: str) -> list[Obj]
         "raw-visible-devices": written_env_variables(policy),
         "gpu-claim": written_claim_variables(policy),
     }
-    by_action: dict[Action, list[Obj]] = {}
+    by_action: dict[Action, list[Validation]] = {}
     recorded: dict[Action, dict[str, str]] = {}
     for rule, unexcepted in expressions.items():
         action = policy.action(rule)
@@ -506,10 +515,10 @@ def _source_policies(policy: Policy, namespace: str, *, today: str) -> list[Obj]
                 }
             )
     # Only what could break a rule is evaluated: data to judge, or a DRA object.
-    relevant: Obj = {
-        "name": "gpushare.io/source-relevant",
-        "expression": "has(object.data) || request.resource.group == 'resource.k8s.io'",
-    }
+    relevant = NamedExpression(
+        name="gpushare.io/source-relevant",
+        expression="has(object.data) || request.resource.group == 'resource.k8s.io'",
+    )
     conditions = [relevant, *exemption_conditions(policy)]
     objects: list[Obj] = []
     for action, validation_actions in VALIDATION_ACTIONS.items():
@@ -517,10 +526,10 @@ def _source_policies(policy: Policy, namespace: str, *, today: str) -> list[Obj]
         if not validations:
             continue
         name = policy_name(action, sources=True)
-        spec: Obj = {
+        spec: ValidatingSpec = {
             "failurePolicy": "Fail",
             "matchConstraints": _source_constraints(namespace),
-            "matchConditions": [dict(c) for c in conditions],
+            "matchConditions": [c.copy() for c in conditions],
             "variables": [v for rule in recorded[action] for v in own[rule]],
             "validations": validations,
         }
