@@ -32,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any, Final, NamedTuple
@@ -391,6 +392,34 @@ def measure(
         _print_metrics(seen, width=width)
 
 
+def profile(
+    cluster: DevCluster, setting: str, baselines: dict[str, Baseline], *, seconds: int, out: Path
+) -> None:
+    """A CPU profile of kube-apiserver (its /debug/pprof/profile, for ``go tool pprof``)
+    while ``setting``'s vGPU pods are created one after another, written to ``out``."""
+    from kubernetes import client
+
+    core: Any = client.CoreV1Api(cluster.api_client())
+    pod = _pod("hami-vgpu-pod.yaml")
+    _apply(cluster, setting, baselines)
+    _time_creates(core, pod, 20)
+    taken: list[bytes] = []
+
+    def take() -> None:
+        path = f"/debug/pprof/profile?seconds={seconds}"
+        taken.append(cluster.get(path, timeout=seconds + 60))
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    made = 0
+    while thread.is_alive():
+        _time_creates(core, pod, 10)
+        made += 10
+    thread.join()
+    out.write_bytes(taken[0])
+    print(f"\nprofile of {setting}: {made} vGPU pod creates in {seconds} s, {out}")
+
+
 def _print_metrics(seen: dict[str, Metrics], *, width: int) -> None:
     short = {"MutatingAdmissionPolicy": "MAP", "MutatingAdmissionWebhook": "mut. webhook"}
     short |= {"ValidatingAdmissionPolicy": "VAP", "ValidatingAdmissionWebhook": "val. webhook"}
@@ -425,6 +454,14 @@ def main() -> int:
         action="store_true",
         help="also print the admission plugins' time and the processes' CPU per vGPU create",
     )
+    parser.add_argument(
+        "--profile",
+        metavar="SETTING",
+        help="after the rounds, take a CPU profile of kube-apiserver while SETTING's vGPU pods "
+        "are created (one of --settings)",
+    )
+    parser.add_argument("--profile-seconds", type=int, default=20, metavar="N")
+    parser.add_argument("--profile-out", type=Path, default=Path("apiserver.pprof"), metavar="FILE")
     args = parser.parse_args()
     settings = [s.strip() for s in args.settings.split(",") if s.strip()]
     if args.baseline:
@@ -432,6 +469,8 @@ def main() -> int:
     unknown = sorted({s.partition("@")[0] for s in settings} - set(SETTINGS))
     if unknown:
         parser.error(f"unknown settings: {', '.join(unknown)}")
+    if args.profile and args.profile not in settings:
+        parser.error(f"--profile {args.profile}: not one of --settings")
     baselines = {rev: baseline(rev) for rev in {s.partition("@")[2] for s in settings} - {""}}
     for setting in settings:
         name, _, rev = setting.partition("@")
@@ -441,7 +480,11 @@ def main() -> int:
         workdir = Path(tmp)
         policy = workdir / "policy.yaml"
         policy.write_text((ROOT / "policies" / "default.yaml").read_text())
-        with running(bin_dir=find_binaries(), policy=policy, workdir=workdir) as cluster:
+        # The dev cluster turns kube-apiserver's profiling off; a later flag wins.
+        extra = ("--profiling=true",) if args.profile else ()
+        with running(
+            bin_dir=find_binaries(), policy=policy, workdir=workdir, apiserver_args=extra
+        ) as cluster:
             measure(
                 cluster,
                 creates=args.creates,
@@ -450,6 +493,14 @@ def main() -> int:
                 baselines=baselines,
                 metrics=args.metrics,
             )
+            if args.profile:
+                profile(
+                    cluster,
+                    args.profile,
+                    baselines,
+                    seconds=args.profile_seconds,
+                    out=args.profile_out,
+                )
     return 0
 
 

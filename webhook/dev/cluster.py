@@ -638,13 +638,17 @@ def running(
     workdir: Path,
     mode: Mode | None = WEBHOOKS,
     cel_policies: bool = False,
+    apiserver_args: tuple[str, ...] = (),
 ) -> Iterator[DevCluster]:
     """A started dev cluster with the webhook registered and probed; stopped on exit.
 
     ``mode`` None: the install the apiserver gets (:mod:`webhook.install.mode`); in the
     apiserver mode the MutatingAdmissionPolicies are created before the probe.
-    ``cel_policies``: the ValidatingAdmissionPolicies too (the install has them)."""
-    cluster = DevCluster(workdir=workdir, bin_dir=bin_dir, policy=policy)
+    ``cel_policies``: the ValidatingAdmissionPolicies too (the install has them).
+    ``apiserver_args`` go after kube-apiserver's own (a flag given twice: the last wins)."""
+    cluster = DevCluster(
+        workdir=workdir, bin_dir=bin_dir, policy=policy, apiserver_args=apiserver_args
+    )
     try:
         cluster.start_control_plane()
         cluster.mode = cluster.detect_mode() if mode is None else mode
