@@ -46,6 +46,7 @@ from cel_expr_python import cel
 from cel_expr_python.ext import ext_strings
 
 from tests.render import kubequantity
+from webhook.render.cel import call_args
 
 Obj = dict[str, Any]
 
@@ -369,35 +370,12 @@ class MutatingPolicy:
 # two-variable comprehension (cel-go's ext/comprehensions.go), which it does not have;
 # ``JSONPatch{...}`` is a type only the apiserver declares (library/jsonpatch.go).
 _ENTRIES: Final = "entriesMap"
-_TRANSFORM: Final = re.compile(r"\.transformMapEntry\(\s*i\s*,\s*(\w+)\s*,")
+_TRANSFORM: Final = ".transformMapEntry("
 _PATCH_FIELDS: Final = (
     (re.compile(r"JSONPatch\{\s*op:"), "{'op':"),
     (re.compile(r",\s*path:"), ", 'path':"),
     (re.compile(r",\s*value:"), ", 'value':"),
 )
-
-
-def _closing(text: str, start: int) -> int:
-    """The index of the bracket that closes the one just before ``start``, past string
-    literals."""
-    depth, i, quote = 1, start, ""
-    while i < len(text):
-        char = text[i]
-        if quote:
-            if char == "\\":
-                i += 1
-            elif char == quote:
-                quote = ""
-        elif char in "'\"":
-            quote = char
-        elif char in "([{":
-            depth += 1
-        elif char in ")]}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    raise CelError(f"unbalanced at {start}: {text[start - 20 : start + 20]!r}")
 
 
 def mutation_text(expression: str) -> str:
@@ -406,12 +384,9 @@ def mutation_text(expression: str) -> str:
     renderer never reads the index ``i``; :func:`_entries` errs on a key made twice, as
     the comprehension does), and ``JSONPatch{op: o, path: p, value: v}`` as the map
     ``{'op': o, 'path': p, 'value': v}`` that the apiserver turns it into."""
-    while match := _TRANSFORM.search(expression):
-        end = _closing(expression, match.end())
-        expression = (
-            f"{expression[: match.start()]}.map({match.group(1)},"
-            f"{expression[match.end() : end + 1]}.{_ENTRIES}(){expression[end + 1 :]}"
-        )
+    while (at := expression.find(_TRANSFORM)) != -1:
+        (_, item, body), end = call_args(expression, at + len(_TRANSFORM) - 1)
+        expression = f"{expression[:at]}.map({item}, {body}).{_ENTRIES}(){expression[end:]}"
     for pattern, replacement in _PATCH_FIELDS:
         expression = pattern.sub(replacement, expression)
     return expression

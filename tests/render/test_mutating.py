@@ -12,6 +12,7 @@ tests/e2e/test_mutatingpolicy.py holds the same through a real kube-apiserver.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from typing import Any, Final
 
 import pytest
@@ -103,6 +104,27 @@ VOID_CASES: Final = (
 )
 
 
+def _admitted_each(
+    drawn: list[tuple[str, Obj]], policy: Policy, namespace: str
+) -> Iterator[tuple[str, Obj, Obj]]:
+    """Each of ``drawn`` that the apiserver would take in ``namespace``, as admission sees
+    it, with the request the policies read: ``(kind, object, request)``."""
+    for number, (kind, obj) in enumerate(drawn):
+        try:
+            stored = admitted(
+                kind,
+                sendable(kind, obj, f"m{number}"),
+                namespace=namespace,
+                runtime_classes=_runtime_classes(policy),
+            )
+        except Refused:
+            continue
+        request = celeval.admission_request(
+            kind, namespace=namespace, name=stored["metadata"].get("name", "")
+        )
+        yield kind, stored, request
+
+
 def test_the_policies_are_sent_what_the_core_mutates() -> None:
     """Generated pods and workloads, careful and attacked (zero counts beside amounts,
     MIG, DRA, NVIDIA env, GPU runtime classes): each condition holds exactly where its
@@ -110,22 +132,10 @@ def test_the_policies_are_sent_what_the_core_mutates() -> None:
     drawn = [*VOID_CASES, *_draw_all(st.one_of(objects(), attacked_objects()), EXAMPLES)]
     seen: Counter[str] = Counter()
     mismatches: list[tuple[str, bool, bool, Obj]] = []
-    for number, (kind, obj) in enumerate(drawn):
-        try:
-            stored = admitted(
-                kind,
-                sendable(kind, obj, f"m{number}"),
-                namespace=NAMESPACE,
-                runtime_classes=_runtime_classes(POLICY),
-            )
-        except Refused:
-            continue
+    for kind, stored, request in _admitted_each(drawn, POLICY, NAMESPACE):
         view = find_pod(stored, kind)
         assert view is not None
         requests = read_pod(view.spec, POLICY)
-        request = celeval.admission_request(
-            kind, namespace=NAMESPACE, name=stored["metadata"].get("name", "")
-        )
         for name, cel, want in (
             ("gpu", GPU, requests.gpu),
             (
@@ -204,19 +214,7 @@ def test_the_mutations_write_what_the_core_does(policy_file: str) -> None:
     drawn = [*MUTATION_CASES, *_draw_all(generated, MUTATION_EXAMPLES)]
     compared: Counter[str] = Counter()
     mismatches: list[tuple[str, Obj]] = []
-    for number, (kind, obj) in enumerate(drawn):
-        try:
-            stored = admitted(
-                kind,
-                sendable(kind, obj, f"m{number}"),
-                namespace=MUTATED,
-                runtime_classes=_runtime_classes(policy),
-            )
-        except Refused:
-            continue
-        request = celeval.admission_request(
-            kind, namespace=MUTATED, name=stored["metadata"].get("name", "")
-        )
+    for kind, stored, request in _admitted_each(drawn, policy, MUTATED):
         mutated, made = _run(policies, stored, request)
         _, again = _run(policies, mutated, request)
         if again:

@@ -170,7 +170,7 @@ def cel_value(value: Any) -> str:
     return literal(str(value))
 
 
-def _split_args(text: str, start: int) -> tuple[list[str], int]:
+def call_args(text: str, start: int) -> tuple[list[str], int]:
     """The top-level comma-separated arguments of the call whose ``(`` is at ``start``,
     and the index after its ``)``."""
     args, depth, i, begin, quote = [], 0, start + 1, start + 1, ""
@@ -203,7 +203,7 @@ def unbind(expression: str) -> str:
     marker = "cel.bind("
     at = expression.find(marker)
     while at != -1:
-        (name, value, body), end = _split_args(expression, at + len(marker) - 1)
+        (name, value, body), end = call_args(expression, at + len(marker) - 1)
         replaced = f"[{unbind(value)}].map({name}, {unbind(body)})[0]"
         expression = expression[:at] + replaced + expression[end:]
         at = expression.find(marker, at + len(replaced))

@@ -706,11 +706,15 @@ _OF_INJECTED: Final = "variables.injectionVolumes.exists(i, i.name == v.name)"
 _KEPT_VOLUME: Final = (
     f"variables.injectionVolumes.exists(i, i.name == v.name && {_IS_INJECTED_VOLUME})"
 )
-# A stray vGPU limit variable ``n``, where ``w`` are the names wanted (vgpu mode only).
-_STRAY: Final = (
-    "variables.mode == 'vgpu' && (n.startsWith('CUDA_DEVICE_MEMORY_LIMIT') || "
-    "n.startsWith('CUDA_DEVICE_SM_LIMIT_')) && !(n in w)"
-)
+
+
+def _stray(wanted: str) -> str:
+    """A stray vGPU limit variable ``n``, where ``wanted`` (a CEL list) are the names
+    wanted (vgpu mode only)."""
+    return (
+        "variables.mode == 'vgpu' && (n.startsWith('CUDA_DEVICE_MEMORY_LIMIT') || "
+        f"n.startsWith('CUDA_DEVICE_SM_LIMIT_')) && !(n in {wanted})"
+    )
 
 
 def _suspect() -> str:
@@ -726,7 +730,7 @@ def _suspect() -> str:
         "w.all(x, cel.bind(j, ns.lastIndexOf(x.name), j < 0 || "
         "(!has(env[j].valueFrom) && (has(env[j].value) ? env[j].value : '') == x.value)))"
     )
-    stray = f"ns.exists(n, {_STRAY.replace('!(n in w)', '!(n in w.map(x, x.name))')})"
+    stray = f"ns.exists(n, {_stray('w.map(x, x.name)')})"
     clean = _ENV_BOUND.format(body=f"cel.bind(w, variables.wants[c.name], {entry} && !{stray})")
     mounts = f"has(c.volumeMounts) && c.volumeMounts.exists(m, {_AT_INJECTED} && !{_KEPT_MOUNT})"
     return (
@@ -746,7 +750,7 @@ def _removed() -> str:
     at = _CONTAINER_AT
     env = (
         "cel.bind(env, has(c.env) ? c.env : [], lists.range(size(env)).filter(j, "
-        f"cel.bind(n, env[j].name, {_STRAY})){_remove(at + ' + ' + literal('/env/'))})"
+        f"cel.bind(n, env[j].name, {_stray('w')})){_remove(at + ' + ' + literal('/env/'))})"
     )
     mounts = (
         "cel.bind(ms, has(c.volumeMounts) ? c.volumeMounts : [], "
@@ -789,7 +793,7 @@ def _replaced(policy: Policy) -> tuple[str, str]:
     )
     stray = (
         "cel.bind(w, variables.wants[c.name].map(x, x['name']), env.filter(e, "
-        f"cel.bind(n, e.name, {_STRAY})).reverse().map(e, label + e.name + "
+        f"cel.bind(n, e.name, {_stray('w')})).reverse().map(e, label + e.name + "
         "' removed (limits come from resources)'))"
     )
     mounts = (
